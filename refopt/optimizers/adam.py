@@ -1,0 +1,234 @@
+"""Adam, AdamW and LazyAdam with the tf.keras 2.11+ API.
+
+Follows ``tf_keras/optimizers/adam.py`` and ``tf_keras/optimizers/adamw.py``; ``LazyAdam``
+applies the TF1 contrib ``LazyAdamOptimizer`` row semantics to sparse gradients.
+"""
+
+from __future__ import annotations
+
+from refopt.optimizers.base import BASE_KWARGS_DOC, Optimizer, check_bool, check_real
+
+__all__ = ["Adam", "AdamW", "LazyAdam"]
+
+
+class Adam(Optimizer):
+    r"""Adam (and AMSGrad) with tf.keras 2.11+ numerics.
+
+    Parameters
+    ----------
+    learning_rate : float or refopt.schedules.LearningRateSchedule, default 0.001
+        Step size (>= 0, finite; stored rounded to float32).
+    beta_1 : float, default 0.9
+        Decay of the first moment, in [0, 1).
+    beta_2 : float, default 0.999
+        Decay of the second moment, in [0, 1).
+    epsilon : float, default 1e-7
+        Added to :math:`\sqrt{v}` (not bias-corrected), finite and >= 0.
+    amsgrad : bool, default False
+        Keep ``vhat = max(vhat, v)`` and divide by its square root (Reddi et al., 2018).
+    {base_kwargs}
+
+    Notes
+    -----
+    Slots per variable: ``m``, ``v`` (and ``vhat`` with AMSGrad), zeros of the variable's
+    shape and dtype. The update is :func:`refopt.reference.adam_update` with
+    ``step = iterations + 1``; an :class:`~refopt.IndexedSlices` gradient takes tf-keras'
+    non-lazy sparse path (every row's moments decay), which equals the dense update on the
+    summed gradient up to rounding. Defaults and keyword names are those of
+    ``tf.keras.optimizers.Adam`` (TF 2.11+); epsilon is 1e-7 (TF1 and PyTorch use 1e-8).
+
+    Examples
+    --------
+    >>> import numpy as np, refopt
+    >>> w = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    >>> opt = refopt.Adam(learning_rate=0.01)
+    >>> opt.apply_gradients([(np.array([0.1, -0.2, 0.3], np.float32), w)])
+    1
+    >>> w
+    array([0.99000037, 2.0099998 , 2.9900002 ], dtype=float32)
+    """
+
+    def __init__(
+        self,
+        learning_rate=0.001,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-7,
+        amsgrad=False,
+        weight_decay=None,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        use_ema=False,
+        ema_momentum=0.99,
+        ema_overwrite_frequency=None,
+        jit_compile=True,
+        name="Adam",
+        backend="reference",
+        convention="tf_keras",
+        **kwargs,
+    ):
+        self.beta_1 = check_real("beta_1", beta_1, low=0, high=1, high_open=True)
+        self.beta_2 = check_real("beta_2", beta_2, low=0, high=1, high_open=True)
+        self.epsilon = check_real("epsilon", epsilon, low=0)
+        self.amsgrad = check_bool("amsgrad", amsgrad)
+        super().__init__(
+            name=name,
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            use_ema=use_ema,
+            ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency,
+            jit_compile=jit_compile,
+            backend=backend,
+            convention=convention,
+            **kwargs,
+        )
+
+    def _slot_names(self):
+        return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
+
+    def _update_fn(self):
+        return self._kernels.adam_update
+
+    def _update_step(self, param, grad, slots, learning_rate, step):
+        r = self._update_fn()(
+            param,
+            grad,
+            slots["m"],
+            slots["v"],
+            slots.get("vhat"),
+            learning_rate=learning_rate,
+            beta_1=self.beta_1,
+            beta_2=self.beta_2,
+            epsilon=self.epsilon,
+            step=step,
+        )
+        new_slots = {"m": r.m, "v": r.v}
+        if self.amsgrad:
+            new_slots["vhat"] = r.vhat
+        return r.param, new_slots
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon, amsgrad=self.amsgrad
+        )
+        return config
+
+
+class AdamW(Adam):
+    r"""Adam with decoupled weight decay (Loshchilov & Hutter), tf.keras 2.11+ numerics.
+
+    Parameters
+    ----------
+    learning_rate : float or refopt.schedules.LearningRateSchedule, default 0.001
+        Step size.
+    weight_decay : float, default 0.004
+        Decay per unit of learning rate, applied before the Adam step as
+        ``w <- w - w * weight_decay * lr`` (the learning rate of this step, not the
+        bias-corrected one). Required: ``None`` raises ``ValueError`` (tf-keras' rule).
+    beta_1, beta_2, epsilon, amsgrad
+        As :class:`Adam`.
+    {base_kwargs}
+
+    Notes
+    -----
+    Same update as :class:`Adam`; only the default ``weight_decay`` differs. Like PyTorch's
+    ``AdamW`` (and unlike TF-Addons' ``AdamW``) the decay is multiplied by the learning rate.
+    PyTorch's default ``weight_decay`` is 0.01, Keras' 0.004.
+    """
+
+    def __init__(
+        self,
+        learning_rate=0.001,
+        weight_decay=0.004,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-7,
+        amsgrad=False,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        use_ema=False,
+        ema_momentum=0.99,
+        ema_overwrite_frequency=None,
+        jit_compile=True,
+        name="AdamW",
+        backend="reference",
+        convention="tf_keras",
+        **kwargs,
+    ):
+        if weight_decay is None:
+            raise ValueError(
+                "AdamW requires a `weight_decay` (a float >= 0). Received: weight_decay=None"
+            )
+        super().__init__(
+            learning_rate=learning_rate,
+            beta_1=beta_1,
+            beta_2=beta_2,
+            epsilon=epsilon,
+            amsgrad=amsgrad,
+            weight_decay=weight_decay,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            use_ema=use_ema,
+            ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency,
+            jit_compile=jit_compile,
+            name=name,
+            backend=backend,
+            convention=convention,
+            **kwargs,
+        )
+
+
+class LazyAdam(Adam):
+    r"""Lazy Adam for sparse gradients: only the rows present in an IndexedSlices move.
+
+    Parameters
+    ----------
+    learning_rate, beta_1, beta_2, epsilon, amsgrad
+        As :class:`Adam` (same defaults; ``epsilon=1e-7``).
+    {base_kwargs}
+
+    Notes
+    -----
+    For an :class:`~refopt.IndexedSlices` gradient, duplicates are summed and then
+    :func:`refopt.reference.lazy_adam_update` updates ``m``, ``v`` (``vhat``) and the weights
+    of the present rows only; absent rows stay bit-for-bit unchanged. Bias correction uses the
+    global ``iterations``, as TF1's ``LazyAdamOptimizer``. A dense gradient gets the dense Adam
+    update. Weight decay (if set) is lazy too: for a sparse gradient only the present rows
+    decay (tf-keras' base class would decay every row). The EMA of the weights, if used,
+    still averages every row. When a gradient covers every row exactly once the result is
+    bit-identical to :class:`Adam` on the dense gradient.
+
+    Lazy Adam is not Adam: rows seen rarely keep stale moments (tensorflow/tensorflow#23668).
+    Sources: ``tensorflow/contrib/opt/python/training/lazy_adam_optimizer.py`` (rows, global
+    step); ``tf_keras/optimizers/adam.py`` (scalars and moment formula).
+    """
+
+    _lazy_weight_decay = True
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                 amsgrad=False, name="LazyAdam", **kwargs):
+        super().__init__(
+            learning_rate=learning_rate,
+            beta_1=beta_1,
+            beta_2=beta_2,
+            epsilon=epsilon,
+            amsgrad=amsgrad,
+            name=name,
+            **kwargs,
+        )
+
+    def _update_fn(self):
+        return self._kernels.lazy_adam_update
+
+
+for _cls in (Adam, AdamW, LazyAdam):
+    _cls.__doc__ = _cls.__doc__.replace("{base_kwargs}", BASE_KWARGS_DOC)

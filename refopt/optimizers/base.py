@@ -1,0 +1,746 @@
+"""The stateful optimizer base class: owns the tf-keras 2.11+ pipeline and its order.
+
+One ``apply_gradients`` call does, in this order (``tf_keras/optimizers/optimizer.py``,
+``Optimizer.apply_gradients``):
+
+1. evaluate the learning-rate schedule at the pre-increment ``iterations``;
+2. build the slots on the first call (EMA averages start as a *copy* of each variable);
+3. drop ``None`` gradients with a warning;
+4. clip (``clipnorm`` per tensor, else ``global_clipnorm``, else ``clipvalue``);
+5. sum duplicate indices of ``IndexedSlices`` gradients (after clipping, as tf-keras);
+6. decoupled weight decay ``w -= w * wd * lr``;
+7. the optimizer's own update (Adam, SGD, ...), with Adam's ``t = iterations + 1``;
+8. the EMA of the weights of this call, and the overwrite of the weights with their averages
+   when ``(iterations + 1) % ema_overwrite_frequency == 0``;
+9. ``iterations += 1``.
+
+Everything is computed into new arrays first (the reference functions are pure) and written
+into the variables and slots only at the end, so a call that raises changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+import numpy as np
+
+from refopt import schedules as _schedules
+from refopt.indexed_slices import IndexedSlices
+
+__all__ = ["Optimizer", "BACKENDS", "CONVENTIONS"]
+
+#: Backends that exist or are planned; only "reference" is built in this version.
+BACKENDS = ("reference", "cpu", "cuda")
+#: Conventions that exist or are planned; only "tf_keras" is built in this version.
+CONVENTIONS = ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax")
+
+_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+# Keyword arguments the legacy Keras optimizer took and tf-keras 2.11+ refuses with ValueError.
+_LEGACY_KWARGS = ("decay", "gradient_aggregator", "gradient_transformers")
+
+BASE_KWARGS_DOC = """weight_decay : float or None, default None
+        Decoupled weight decay per unit of learning rate: before the update,
+        ``w <- w - w * weight_decay * lr``. ``None`` disables it. Must be finite and >= 0.
+    clipnorm : float or None
+        Clip each gradient tensor to this L2 norm (``tf.clip_by_norm``). A value <= 0 means no
+        clipping (as tf-keras). Cannot be combined with ``global_clipnorm``.
+    clipvalue : float or None
+        Clip each gradient element to ``[-clipvalue, clipvalue]``. Ignored (with a warning at
+        construction) when ``clipnorm`` or ``global_clipnorm`` is also set, as tf-keras does.
+    global_clipnorm : float or None
+        Clip all gradients together to this global L2 norm (``tf.clip_by_global_norm``; a
+        non-finite global norm makes every gradient NaN).
+    use_ema : bool, default False
+        Keep an exponential moving average of the weights (initialised with a copy of each
+        variable at build time).
+    ema_momentum : float, default 0.99
+        ``avg <- ema_momentum * avg + (1 - ema_momentum) * w``, in [0, 1].
+    ema_overwrite_frequency : int or None
+        With ``use_ema``, overwrite the weights with their averages every this many steps
+        (an int >= 1). ``None``: only :meth:`finalize_variable_values` does.
+    jit_compile : bool, default True
+        Accepted for compatibility with tf-keras configs; has no effect.
+    name : str
+        The optimizer's name.
+    backend : {"reference", "cpu", "cuda"}, default "reference"
+        Which implementation computes the steps. Only ``"reference"`` (pure NumPy) exists in
+        this version; the others raise ``NotImplementedError``.
+    convention : str, default "tf_keras"
+        Which framework's numerics to reproduce. Only ``"tf_keras"`` (tf.keras 2.11+) exists
+        in this version; ``"keras3"``, ``"keras2"``, ``"tf1"``, ``"torch"`` and ``"optax"``
+        raise ``NotImplementedError``."""
+
+
+def _is_real(x):
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def check_real(name, value, *, low=None, high=None, low_open=False, high_open=False, allow_none=False):
+    """Validate a finite real hyperparameter in a range; return it as a Python number."""
+    if value is None and allow_none:
+        return None
+    if not _is_real(value):
+        raise TypeError(f"`{name}` must be a real number. Received: {name}={value!r}")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"`{name}` must be finite. Received: {name}={value!r}")
+    v = float(value)
+    bad_low = low is not None and (v <= low if low_open else v < low)
+    bad_high = high is not None and (v >= high if high_open else v > high)
+    if bad_low or bad_high:
+        lo = "" if low is None else ("(" if low_open else "[") + repr(low)
+        hi = "" if high is None else repr(high) + (")" if high_open else "]")
+        if low is not None and high is not None:
+            rng = f"in {lo}, {hi}"
+        elif low is not None:
+            rng = f"> {low}" if low_open else f">= {low}"
+        else:
+            rng = f"< {high}" if high_open else f"<= {high}"
+        raise ValueError(f"`{name}` must be {rng}. Received: {name}={value!r}")
+    return value
+
+
+def check_bool(name, value):
+    """Validate a boolean flag; return it as a Python bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be a bool. Received: {name}={value!r}")
+    return bool(value)
+
+
+def _get_backend(backend):
+    if backend == "reference":
+        from refopt import reference
+
+        return reference
+    if backend in ("cpu", "cuda"):
+        raise NotImplementedError(
+            f"backend={backend!r} is not available in this version of refopt (its kernels are "
+            "not built yet). Use backend='reference'."
+        )
+    raise ValueError(
+        f"`backend` must be one of {BACKENDS}. Received: backend={backend!r}"
+    )
+
+
+def _check_convention(convention):
+    if convention == "tf_keras":
+        return convention
+    if convention in CONVENTIONS:
+        raise NotImplementedError(
+            f"convention={convention!r} is not available in this version of refopt. "
+            "Use convention='tf_keras' (tf.keras 2.11+ numerics)."
+        )
+    raise ValueError(
+        f"`convention` must be one of {CONVENTIONS}. Received: convention={convention!r}"
+    )
+
+
+def _describe(a):
+    if isinstance(a, np.ndarray):
+        return f"ndarray(shape={a.shape}, dtype={a.dtype})"
+    return type(a).__name__
+
+
+class Optimizer:
+    """Base class of the stateful optimizers, with the tf.keras 2.11+ pipeline and API.
+
+    Subclasses write only ``_slot_names``, ``_update_step`` and ``get_config``; this class owns
+    validation, building, clipping, de-duplication, weight decay, EMA, the step counter and the
+    all-or-nothing commit. See the module docstring for the order of one step.
+
+    Parameters
+    ----------
+    learning_rate : float or refopt.schedules.LearningRateSchedule
+        The step size, >= 0 and finite. A float is stored rounded to float32 (tf-keras keeps it
+        in a float32 variable), then cast to each variable's dtype. A schedule is evaluated in
+        float32 at the pre-increment ``iterations`` at the start of every step.
+    {base_kwargs}
+
+    Raises
+    ------
+    TypeError
+        Unknown keyword argument, or a hyperparameter of the wrong type.
+    ValueError
+        A hyperparameter out of range or not finite; ``clipnorm`` together with
+        ``global_clipnorm``; a legacy keyword (``decay``, ``gradient_aggregator``,
+        ``gradient_transformers``).
+    NotImplementedError
+        A backend or convention planned but not built in this version.
+
+    Notes
+    -----
+    Variables are NumPy arrays (float16, float32 or float64, C-contiguous, writeable), updated
+    in place and identified by object identity, like ``tf.Variable``: pass the same array
+    objects to every call (a new view of the same memory is a different variable).
+    """
+
+    def __init__(
+        self,
+        name,
+        learning_rate,
+        weight_decay=None,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        use_ema=False,
+        ema_momentum=0.99,
+        ema_overwrite_frequency=None,
+        jit_compile=True,
+        backend="reference",
+        convention="tf_keras",
+        **kwargs,
+    ):
+        kwargs.pop("is_legacy_optimizer", None)  # present in tf-keras configs, no meaning here
+        for key in kwargs:
+            if key in _LEGACY_KWARGS:
+                raise ValueError(
+                    f"`{key}` is a legacy Keras optimizer argument, not accepted by the tf.keras "
+                    f"2.11+ optimizers that refopt follows. Received: {key}={kwargs[key]!r}"
+                )
+            hint = " Use `learning_rate`." if key == "lr" else ""
+            raise TypeError(
+                f"{type(self).__name__}() got an unexpected keyword argument {key!r}.{hint}"
+            )
+        if not isinstance(name, str):
+            raise TypeError(f"`name` must be a str. Received: name={name!r}")
+        self.name = name
+        self._kernels = _get_backend(backend)
+        self.backend = backend
+        self.convention = _check_convention(convention)
+        self.weight_decay = check_real("weight_decay", weight_decay, low=0, allow_none=True)
+        self.clipnorm = check_real("clipnorm", clipnorm, allow_none=True)
+        self.clipvalue = check_real("clipvalue", clipvalue, allow_none=True)
+        self.global_clipnorm = check_real("global_clipnorm", global_clipnorm, allow_none=True)
+        if clipnorm is not None and global_clipnorm is not None:
+            raise ValueError(
+                "At most one of `clipnorm` and `global_clipnorm` can be set. "
+                f"Received: clipnorm={clipnorm!r}, global_clipnorm={global_clipnorm!r}"
+            )
+        if self.clipvalue and self.clipvalue > 0 and (
+            (self.clipnorm and self.clipnorm > 0)
+            or (self.global_clipnorm and self.global_clipnorm > 0)
+        ):
+            warnings.warn(
+                f"clipvalue={clipvalue!r} is ignored because "
+                f"{'clipnorm' if self.clipnorm else 'global_clipnorm'} is set (tf-keras applies "
+                "only one clipping: clipnorm, else global_clipnorm, else clipvalue).",
+                UserWarning,
+                stacklevel=3,
+            )
+        self.use_ema = check_bool("use_ema", use_ema)
+        self.ema_momentum = check_real("ema_momentum", ema_momentum, low=0, high=1)
+        if ema_overwrite_frequency is not None and (
+            not isinstance(ema_overwrite_frequency, numbers.Integral)
+            or isinstance(ema_overwrite_frequency, (bool, np.bool_))
+            or ema_overwrite_frequency < 1
+        ):
+            raise ValueError(
+                "`ema_overwrite_frequency` must be an integer >= 1 or None. "
+                f"Received: ema_overwrite_frequency={ema_overwrite_frequency!r}"
+            )
+        self.ema_overwrite_frequency = (
+            None if ema_overwrite_frequency is None else int(ema_overwrite_frequency)
+        )
+        self.jit_compile = check_bool("jit_compile", jit_compile)
+        self._iterations = 0
+        self._learning_rate = None
+        self._current_learning_rate = None
+        self.learning_rate = learning_rate
+        self._built = False
+        self._vars = []
+        self._index = {}
+        self._slots = {}
+        self._averages = []
+        self._exclude_ids = set()
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def iterations(self):
+        """int: the number of steps applied (``apply_gradients`` calls with a gradient).
+
+        Settable (to an int >= 0) only before the optimizer is built, as in tf-keras.
+        """
+        return self._iterations
+
+    @iterations.setter
+    def iterations(self, value):
+        if self._built:
+            raise RuntimeError(
+                "Cannot set `iterations` after the optimizer has been built (after the first "
+                f"apply_gradients or build). Received: iterations={value!r}"
+            )
+        if (
+            not isinstance(value, numbers.Integral)
+            or isinstance(value, (bool, np.bool_))
+            or value < 0
+        ):
+            raise ValueError(f"`iterations` must be an integer >= 0. Received: iterations={value!r}")
+        self._iterations = int(value)
+        if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
+            self._current_learning_rate = self._evaluate_schedule(self._learning_rate)
+
+    @property
+    def learning_rate(self):
+        """float: the learning rate of the next step, rounded to float32.
+
+        With a schedule, the schedule's value at the last step (evaluated at the pre-increment
+        ``iterations``; at construction, at the initial ``iterations``). Setting a float is
+        refused with ``TypeError`` when the optimizer was created with a schedule (tf-keras'
+        rule); setting a schedule is always allowed.
+        """
+        if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
+            return self._current_learning_rate
+        return self._learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        if isinstance(value, _schedules.LearningRateSchedule):
+            self._current_learning_rate = self._evaluate_schedule(value)
+            self._learning_rate = value
+            return
+        if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
+            raise TypeError(
+                "This optimizer was created with a `LearningRateSchedule` as its "
+                "`learning_rate`, hence its learning rate is not settable to a number. "
+                f"Received: learning_rate={value!r}"
+            )
+        if not _is_real(value):
+            raise TypeError(
+                "`learning_rate` must be a float or a refopt.schedules.LearningRateSchedule. "
+                f"Received: learning_rate={value!r}"
+            )
+        check_real("learning_rate", value, low=0)
+        rounded = float(np.float32(value))
+        if not math.isfinite(rounded):
+            raise ValueError(
+                "`learning_rate` must be finite in float32 (it is stored as float32). "
+                f"Received: learning_rate={value!r}"
+            )
+        self._learning_rate = rounded
+
+    def _evaluate_schedule(self, schedule):
+        value = float(np.float32(schedule(self._iterations)))
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(
+                f"The learning-rate schedule {type(schedule).__name__} returned "
+                f"{value!r} at step {self._iterations}; a learning rate must be finite and >= 0."
+            )
+        return value
+
+    @property
+    def variables(self):
+        """list: the optimizer's state, in tf-keras order.
+
+        ``[iterations, *ema_averages, *slots]`` where ``iterations`` is a snapshot
+        (``numpy.int64``), and the averages and slots (e.g. all ``m``, then all ``v``, then all
+        ``vhat``) are the live arrays, one per built variable in build order.
+        """
+        out = [np.int64(self._iterations)]
+        out.extend(self._averages)
+        for name in self._slot_names():
+            out.extend(self._slots.get(name, []))
+        return out
+
+    def get_slot(self, var, slot_name):
+        """Return the live state array ``slot_name`` (e.g. ``"m"``, ``"average"``) of ``var``.
+
+        Raises
+        ------
+        KeyError
+            If ``var`` is not a variable the optimizer was built with, or the slot is unknown.
+        """
+        i = self._position(var)
+        if slot_name == "average" and self.use_ema:
+            return self._averages[i]
+        if slot_name not in self._slots:
+            raise KeyError(
+                f"Unknown slot {slot_name!r}; this optimizer has {list(self._slots)}"
+                + (" and 'average'" if self.use_ema else "")
+            )
+        return self._slots[slot_name][i]
+
+    # ----------------------------------------------------------------- subclass API
+    def _slot_names(self):
+        """Names of the per-variable state arrays, in build order."""
+        raise NotImplementedError
+
+    def _update_step(self, param, grad, slots, learning_rate, step):
+        """Return ``(new_param, {slot: new_array})`` for one variable; must not mutate."""
+        raise NotImplementedError
+
+    _lazy_weight_decay = False
+
+    # ----------------------------------------------------------------- building
+    def _check_variable(self, var, where):
+        if not isinstance(var, np.ndarray):
+            raise TypeError(
+                f"Variables must be numpy.ndarray. Received: {where} of type {type(var).__name__}"
+            )
+        if var.dtype not in _FLOAT_DTYPES:
+            raise TypeError(
+                f"Variables must have dtype float16, float32 or float64. Received: {where} "
+                f"with dtype={var.dtype}"
+            )
+        if not var.flags.c_contiguous:
+            raise ValueError(
+                f"Variables must be C-contiguous (they are updated in place). Received: {where} "
+                f"with shape={var.shape}, strides={var.strides}; pass np.ascontiguousarray(...) "
+                "and keep that array as the variable."
+            )
+        if not var.flags.writeable:
+            raise ValueError(
+                f"Variables must be writeable (they are updated in place). Received: {where} is "
+                "read-only."
+            )
+
+    def _check_var_list(self, var_list, what="var_list"):
+        if isinstance(var_list, np.ndarray):
+            raise TypeError(
+                f"`{what}` must be a list of arrays, not a single array. Received: "
+                f"{_describe(var_list)}"
+            )
+        var_list = list(var_list)
+        seen = set()
+        for i, var in enumerate(var_list):
+            self._check_variable(var, f"{what}[{i}]")
+            if id(var) in seen:
+                raise ValueError(
+                    f"`{what}` lists the same variable twice (position {i}, {_describe(var)})."
+                )
+            seen.add(id(var))
+        return var_list
+
+    def build(self, var_list):
+        """Create the state for ``var_list``: zero slots and, with EMA, copies of the variables.
+
+        Calling it again once built does nothing (tf-keras' rule), so every variable the
+        optimizer will update must be in the first ``build`` or ``apply_gradients`` call.
+
+        Parameters
+        ----------
+        var_list : list of ndarray
+            The variables (float16/32/64, C-contiguous, writeable), each listed once.
+
+        Raises
+        ------
+        TypeError, ValueError
+            If a variable is not a valid array or is listed twice; nothing is built then.
+        """
+        if self._built:
+            return
+        var_list = self._check_var_list(var_list)
+        self._vars = var_list
+        self._index = {id(v): i for i, v in enumerate(var_list)}
+        if self.use_ema:
+            self._averages = [v.copy() for v in var_list]
+        self._slots = {
+            name: [np.zeros_like(v) for v in var_list] for name in self._slot_names()
+        }
+        self._built = True
+
+    def _position(self, var):
+        i = self._index.get(id(var))
+        if i is None or self._vars[i] is not var:
+            raise KeyError(
+                f"The optimizer cannot recognize variable {_describe(var)}: it was not in the "
+                "variable list the optimizer was built with. Call `optimizer.build(variables)` "
+                "with the full list of variables before the training loop."
+            )
+        return i
+
+    def exclude_from_weight_decay(self, var_list=None):
+        """Exclude these variables from weight decay; must be called before the optimizer is built.
+
+        Parameters
+        ----------
+        var_list : list of ndarray
+            Variables (by identity) not to decay.
+
+        Raises
+        ------
+        ValueError
+            If the optimizer is already built.
+        """
+        if self._built:
+            raise ValueError(
+                "`exclude_from_weight_decay()` can only be configured before the optimizer is built."
+            )
+        self._exclude_ids = {id(v) for v in (var_list or [])}
+        self._exclude_refs = list(var_list or [])  # keep ids alive
+
+    # ----------------------------------------------------------------- the step
+    def _check_pairs(self, grads_and_vars):
+        pairs = []
+        for i, pair in enumerate(grads_and_vars):
+            try:
+                grad, var = pair
+            except (TypeError, ValueError):
+                raise TypeError(
+                    "`grads_and_vars` must be an iterable of (gradient, variable) pairs. "
+                    f"Received at position {i}: {type(pair).__name__}"
+                ) from None
+            pairs.append((grad, var))
+        seen = set()
+        for i, (grad, var) in enumerate(pairs):
+            self._check_variable(var, f"variable at position {i}")
+            if id(var) in seen:
+                raise ValueError(
+                    f"The same variable appears twice in `grads_and_vars` (position {i}, "
+                    f"{_describe(var)})."
+                )
+            seen.add(id(var))
+            if grad is None:
+                continue
+            if isinstance(grad, IndexedSlices):
+                if grad.dense_shape != var.shape:
+                    raise ValueError(
+                        f"Gradient at position {i} (IndexedSlices) has dense_shape="
+                        f"{grad.dense_shape}, but its variable has shape={var.shape}."
+                    )
+                if grad.dtype != var.dtype:
+                    raise TypeError(
+                        f"Gradient at position {i} (IndexedSlices) has dtype={grad.dtype}, but "
+                        f"its variable has dtype={var.dtype}; cast the gradient values."
+                    )
+            elif isinstance(grad, np.ndarray):
+                if grad.shape != var.shape:
+                    raise ValueError(
+                        f"Gradient at position {i} has shape={grad.shape}, but its variable has "
+                        f"shape={var.shape}."
+                    )
+                if grad.dtype != var.dtype:
+                    raise TypeError(
+                        f"Gradient at position {i} has dtype={grad.dtype}, but its variable has "
+                        f"dtype={var.dtype}; cast the gradient."
+                    )
+            else:
+                raise TypeError(
+                    f"Gradient at position {i} must be a numpy.ndarray, an IndexedSlices or "
+                    f"None. Received: {type(grad).__name__}"
+                )
+        return pairs
+
+    def _clip(self, grads):
+        k = self._kernels
+        if self.clipnorm and self.clipnorm > 0:
+            return [k.clip_by_norm(g, self.clipnorm) for g in grads]
+        if self.global_clipnorm and self.global_clipnorm > 0:
+            return k.clip_by_global_norm(grads, self.global_clipnorm)[0]
+        if self.clipvalue and self.clipvalue > 0:
+            return [k.clip_by_value(g, self.clipvalue) for g in grads]
+        return list(grads)
+
+    def apply_gradients(self, grads_and_vars):
+        """Apply one step of gradients to their variables, in place.
+
+        Parameters
+        ----------
+        grads_and_vars : iterable of (gradient, variable)
+            ``gradient`` is an ndarray with the variable's shape and dtype, an
+            :class:`~refopt.IndexedSlices` with ``dense_shape == variable.shape`` and the
+            variable's dtype, or ``None`` (skipped, with a warning). ``variable`` is a
+            float16/32/64 ndarray, C-contiguous and writeable; each may appear once.
+
+        Returns
+        -------
+        int
+            ``iterations`` after the step. An empty ``grads_and_vars`` is a no-op (the counter
+            does not move).
+
+        Raises
+        ------
+        TypeError
+            A malformed pair, a gradient of another type or dtype than its variable, a variable
+            that is not a float ndarray.
+        ValueError
+            A shape mismatch, a non-contiguous or read-only variable, the same variable twice,
+            or every gradient ``None``.
+        KeyError
+            A variable the optimizer was not built with (tf-keras' error).
+
+        Notes
+        -----
+        When it raises, no variable, slot, average, learning rate or counter has changed.
+        See the module docstring of :mod:`refopt.optimizers.base` for the order of a step.
+        """
+        lr_value = (
+            self._evaluate_schedule(self._learning_rate)
+            if isinstance(self._learning_rate, _schedules.LearningRateSchedule)
+            else self._learning_rate
+        )
+        pairs = self._check_pairs(grads_and_vars)
+        if not pairs:
+            if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
+                self._current_learning_rate = lr_value  # tf-keras evaluates it before the check
+            return self._iterations
+        if self._built:
+            for _, var in pairs:
+                self._position(var)
+        present = [(g, v) for g, v in pairs if g is not None]
+        if not present:
+            raise ValueError(
+                "No gradients provided for any variable (every gradient is None). Received "
+                f"{len(pairs)} (gradient, variable) pairs."
+            )
+        if len(present) < len(pairs):
+            missing = [i for i, (g, _) in enumerate(pairs) if g is None]
+            warnings.warn(
+                f"Gradients do not exist for the variables at positions {missing}; they are "
+                "skipped in this step.",
+                UserWarning,
+                stacklevel=2,
+            )
+        if not self._built:
+            self.build([v for _, v in pairs])
+        new_values = self._compute_step(present, lr_value)
+        # Commit: nothing above has modified any array; nothing below can fail.
+        for var, (param, slots, average) in new_values.items():
+            i = self._index[var]
+            np.copyto(self._vars[i], param)
+            for name, arr in slots.items():
+                np.copyto(self._slots[name][i], arr)
+            if average is not None:
+                np.copyto(self._averages[i], average)
+        self._iterations += 1
+        if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
+            self._current_learning_rate = lr_value
+        return self._iterations
+
+    def _compute_step(self, present, lr_value):
+        k = self._kernels
+        grads = [g for g, _ in present]
+        variables = [v for _, v in present]
+        grads = self._clip(grads)
+        grads = [g.deduplicate() if isinstance(g, IndexedSlices) else g for g in grads]
+        step = self._iterations + 1
+        out = {}
+        for grad, var in zip(grads, variables):
+            i = self._index[id(var)]
+            param = var
+            if self.weight_decay is not None and id(var) not in self._exclude_ids:
+                rows = (
+                    grad.indices
+                    if self._lazy_weight_decay and isinstance(grad, IndexedSlices)
+                    else None
+                )
+                param = k.apply_weight_decay(
+                    param, learning_rate=lr_value, weight_decay=self.weight_decay, indices=rows
+                )
+            slots = {name: self._slots[name][i] for name in self._slot_names()}
+            new_param, new_slots = self._update_step(param, grad, slots, lr_value, step)
+            average = None
+            if self.use_ema:
+                average = k.ema_update(
+                    self._averages[i], new_param, ema_momentum=self.ema_momentum
+                )
+                if self.ema_overwrite_frequency and step % self.ema_overwrite_frequency == 0:
+                    new_param = average
+            out[id(var)] = (new_param, new_slots, average)
+        return out
+
+    def minimize(self, loss_and_grads_fn, var_list):
+        """Compute ``(loss, grads) = loss_and_grads_fn()`` and apply the gradients.
+
+        Parameters
+        ----------
+        loss_and_grads_fn : callable
+            Takes no argument and returns ``(loss, grads)``, ``grads`` a sequence with one
+            gradient (ndarray, IndexedSlices or None) per entry of ``var_list``.
+        var_list : list of ndarray
+            The variables, in the order of ``grads``.
+
+        Returns
+        -------
+        object
+            The ``loss`` returned by the callable.
+
+        Raises
+        ------
+        TypeError
+            If ``loss_and_grads_fn`` is not callable or does not return a pair.
+        ValueError
+            If the number of gradients differs from ``len(var_list)``; plus everything
+            :meth:`apply_gradients` raises.
+        """
+        if not callable(loss_and_grads_fn):
+            raise TypeError(
+                "`loss_and_grads_fn` must be a callable returning (loss, grads). "
+                f"Received: {type(loss_and_grads_fn).__name__}"
+            )
+        var_list = list(var_list)
+        result = loss_and_grads_fn()
+        try:
+            loss, grads = result
+        except (TypeError, ValueError):
+            raise TypeError(
+                "`loss_and_grads_fn` must return a pair (loss, grads). "
+                f"Received: {type(result).__name__}"
+            ) from None
+        grads = list(grads)
+        if len(grads) != len(var_list):
+            raise ValueError(
+                f"`loss_and_grads_fn` returned {len(grads)} gradients for {len(var_list)} "
+                "variables."
+            )
+        self.apply_gradients(zip(grads, var_list))
+        return loss
+
+    def finalize_variable_values(self, var_list):
+        """With ``use_ema``, overwrite each variable with its moving average (else do nothing).
+
+        Parameters
+        ----------
+        var_list : list of ndarray
+            Variables the optimizer was built with.
+
+        Raises
+        ------
+        KeyError
+            If a variable is unknown to the optimizer (then nothing is overwritten).
+        """
+        if not self.use_ema:
+            return
+        positions = [self._position(v) for v in var_list]
+        for i in positions:
+            np.copyto(self._vars[i], self._averages[i])
+
+    # ----------------------------------------------------------------- config
+    def get_config(self):
+        """The constructor arguments as a dict (tf-keras keys plus ``backend``, ``convention``).
+
+        ``learning_rate`` is the float32-rounded float, or ``{"class_name", "config"}`` of the
+        schedule. ``from_config(get_config())`` rebuilds an equivalent optimizer without state.
+        """
+        lr = self._learning_rate
+        if isinstance(lr, _schedules.LearningRateSchedule):
+            lr = _schedules.serialize(lr)
+        return {
+            "name": self.name,
+            "learning_rate": lr,
+            "weight_decay": self.weight_decay,
+            "clipnorm": self.clipnorm,
+            "global_clipnorm": self.global_clipnorm,
+            "clipvalue": self.clipvalue,
+            "use_ema": self.use_ema,
+            "ema_momentum": self.ema_momentum,
+            "ema_overwrite_frequency": self.ema_overwrite_frequency,
+            "jit_compile": self.jit_compile,
+            "is_legacy_optimizer": False,
+            "backend": self.backend,
+            "convention": self.convention,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        """Create an optimizer from :meth:`get_config`'s dict (a schedule dict is deserialized)."""
+        config = dict(config)
+        if isinstance(config.get("learning_rate"), dict):
+            config["learning_rate"] = _schedules.deserialize(config["learning_rate"])
+        return cls(**config)
+
+    def __repr__(self):
+        return f"{type(self).__name__}(name={self.name!r}, iterations={self._iterations})"
+
+
+Optimizer.__doc__ = Optimizer.__doc__.replace("{base_kwargs}", BASE_KWARGS_DOC)

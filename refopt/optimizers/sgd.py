@@ -1,0 +1,90 @@
+"""SGD with momentum and Nesterov momentum, with the tf.keras 2.11+ API.
+
+Follows ``tf_keras/optimizers/sgd.py``.
+"""
+
+from __future__ import annotations
+
+from refopt.optimizers.base import BASE_KWARGS_DOC, Optimizer, check_bool, check_real
+
+__all__ = ["SGD"]
+
+
+class SGD(Optimizer):
+    r"""Stochastic gradient descent with optional (Nesterov) momentum, tf.keras 2.11+ numerics.
+
+    Parameters
+    ----------
+    learning_rate : float or refopt.schedules.LearningRateSchedule, default 0.01
+        Step size.
+    momentum : float, default 0.0
+        In [0, 1]. The slot ``m`` is kept even at 0, as tf-keras does.
+    nesterov : bool, default False
+        Nesterov momentum.
+    {base_kwargs}
+
+    Notes
+    -----
+    ``m <- (-g) lr + m momentum``; ``w <- w + m`` (Nesterov: ``w <- w + (-g) lr + m momentum``
+    with the updated ``m``). See :func:`refopt.reference.sgd_update`. PyTorch's SGD keeps a
+    velocity without the learning rate (``b = momentum b + g; w -= lr b``), which rounds
+    differently and differs when the learning rate changes.
+    """
+
+    def __init__(
+        self,
+        learning_rate=0.01,
+        momentum=0.0,
+        nesterov=False,
+        weight_decay=None,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        use_ema=False,
+        ema_momentum=0.99,
+        ema_overwrite_frequency=None,
+        jit_compile=True,
+        name="SGD",
+        backend="reference",
+        convention="tf_keras",
+        **kwargs,
+    ):
+        self.momentum = check_real("momentum", momentum, low=0, high=1)
+        self.nesterov = check_bool("nesterov", nesterov)
+        super().__init__(
+            name=name,
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            use_ema=use_ema,
+            ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency,
+            jit_compile=jit_compile,
+            backend=backend,
+            convention=convention,
+            **kwargs,
+        )
+
+    def _slot_names(self):
+        return ("m",)
+
+    def _update_step(self, param, grad, slots, learning_rate, step):
+        r = self._kernels.sgd_update(
+            param,
+            grad,
+            slots["m"],
+            learning_rate=learning_rate,
+            momentum=self.momentum,
+            nesterov=self.nesterov,
+        )
+        return r.param, {"m": r.m}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(momentum=self.momentum, nesterov=self.nesterov)
+        return config
+
+
+SGD.__doc__ = SGD.__doc__.replace("{base_kwargs}", BASE_KWARGS_DOC)

@@ -1,0 +1,34 @@
+"""The reference layer: pure NumPy functions that are the ground truth of refopt.
+
+Every function takes arrays and Python numbers, never modifies its inputs, and returns new
+arrays. Computation happens in the dtype of the variable (float16, float32 or float64), with
+the scalar rounding of the framework each function names in its docstring. The fast backends
+(``refopt.kernels``) have the same signatures and are tested against these functions.
+"""
+
+from refopt.reference.adam import AdamResult, adam_scalars, adam_update
+from refopt.reference.clipping import (
+    clip_by_global_norm,
+    clip_by_norm,
+    clip_by_value,
+    global_norm,
+)
+from refopt.reference.ema import ema_update
+from refopt.reference.lazy_adam import lazy_adam_update
+from refopt.reference.sgd import SGDResult, sgd_update
+from refopt.reference.weight_decay import apply_weight_decay
+
+__all__ = [
+    "AdamResult",
+    "SGDResult",
+    "adam_scalars",
+    "adam_update",
+    "apply_weight_decay",
+    "clip_by_global_norm",
+    "clip_by_norm",
+    "clip_by_value",
+    "ema_update",
+    "global_norm",
+    "lazy_adam_update",
+    "sgd_update",
+]

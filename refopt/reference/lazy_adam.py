@@ -1,0 +1,106 @@
+"""Lazy (sparse) Adam: only the rows present in an IndexedSlices gradient move.
+
+The row semantics follow the TF1 contrib ``LazyAdamOptimizer``
+(``tensorflow/contrib/opt/python/training/lazy_adam_optimizer.py``): rows absent from the
+gradient keep ``w``, ``m`` and ``v`` unchanged, and bias correction uses the *global* step.
+The scalars and the algebraic form of the moment update are those of tf-keras' dense Adam
+(:func:`refopt.reference.adam_update`), so a gradient whose indices cover every row once gives
+exactly the dense Adam result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refopt.indexed_slices import IndexedSlices
+from refopt.reference._common import as_float_array, check_grad, check_like
+from refopt.reference.adam import AdamResult, adam_scalars, adam_update
+
+__all__ = ["lazy_adam_update"]
+
+
+def lazy_adam_update(
+    param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, epsilon, step
+):
+    r"""One lazy Adam step; returns new arrays, inputs are never modified.
+
+    Parameters
+    ----------
+    param : ndarray of float16, float32 or float64, shape ``(rows, ...)``
+        The table :math:`w`.
+    grad : IndexedSlices with ``dense_shape == param.shape``, or ndarray like ``param``
+        The gradient. Duplicate indices are summed first (:meth:`IndexedSlices.deduplicate`).
+        A dense ndarray gets the dense Adam update (:func:`adam_update`), as in TF1.
+    m, v : ndarray like ``param``
+        First and second moments.
+    vhat : ndarray like ``param`` or None
+        AMSGrad maximum (lazy too: only present rows); ``None`` for plain Adam.
+    learning_rate, beta_1, beta_2, epsilon : float
+        As in :func:`adam_update`.
+    step : int
+        The 1-based *global* time step :math:`t` (``iterations + 1``), shared by all rows,
+        whether or not a row was present in earlier steps.
+
+    Returns
+    -------
+    AdamResult
+        ``(param, m, v, vhat)`` as new arrays. Rows not in ``grad.indices`` are bit-for-bit
+        copies of the inputs.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`adam_update`.
+
+    Notes
+    -----
+    For the deduplicated rows :math:`I` with summed gradient rows :math:`g_I`, in the dtype of
+    ``param``:
+
+    .. math::
+
+        m_I &\leftarrow m_I + (g_I - m_I)(1-\beta_1) \\
+        v_I &\leftarrow v_I + (g_I^2 - v_I)(1-\beta_2) \\
+        \hat v_I &\leftarrow \max(\hat v_I, v_I) \quad\text{(AMSGrad)} \\
+        w_I &\leftarrow w_I - (m_I\alpha) / (\sqrt{v_I} + \hat\epsilon)
+
+    with :math:`\alpha` from :func:`adam_scalars` at the global step. Convention difference:
+    TF1 contrib and TF-Addons write the moments as ``b1*m + (1-b1)*g`` (different rounding)
+    and have no AMSGrad; the ``convention`` presets of the optimizer select those.
+    Lazy Adam is a different algorithm from Adam: absent rows keep stale moments (see
+    tensorflow/tensorflow#23668).
+    """
+    if not isinstance(grad, IndexedSlices):
+        return adam_update(
+            param, grad, m, v, vhat,
+            learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+            epsilon=epsilon, step=step,
+        )
+    as_float_array("param", param)
+    check_grad(param, grad)
+    check_like(param, "m", m)
+    check_like(param, "v", v)
+    if vhat is not None:
+        check_like(param, "vhat", vhat)
+    s = adam_scalars(
+        param.dtype, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+        epsilon=epsilon, step=step,
+    )
+    g = grad.deduplicate()
+    idx = g.indices
+    m_new, v_new, param_new = m.copy(), v.copy(), param.copy()
+    vhat_new = None if vhat is None else vhat.copy()
+    with np.errstate(all="ignore"):
+        m_rows = m[idx]
+        m_rows = m_rows + (g.values - m_rows) * s.one_minus_beta_1
+        v_rows = v[idx]
+        v_rows = v_rows + (np.square(g.values) - v_rows) * s.one_minus_beta_2
+        denom_rows = v_rows
+        if vhat is not None:
+            vhat_rows = np.maximum(vhat[idx], v_rows)
+            vhat_new[idx] = vhat_rows
+            denom_rows = vhat_rows
+        param_new[idx] = param[idx] - (m_rows * s.alpha) / (np.sqrt(denom_rows) + s.epsilon)
+    m_new[idx] = m_rows
+    v_new[idx] = v_rows
+    return AdamResult(param_new, m_new, v_new, vhat_new)

@@ -1,0 +1,58 @@
+"""Decoupled weight decay, the step the tf-keras base optimizer applies before the update.
+
+Follows ``tf_keras/optimizers/optimizer.py`` (``_apply_weight_decay``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refopt.reference._common import as_float_array, scalar
+
+__all__ = ["apply_weight_decay"]
+
+
+def apply_weight_decay(param, *, learning_rate, weight_decay, indices=None):
+    r"""Shrink a variable towards zero: :math:`w \leftarrow w - (w\lambda)\eta`.
+
+    Parameters
+    ----------
+    param : ndarray of float16, float32 or float64, any shape
+        The variable :math:`w`; not modified.
+    learning_rate : float
+        :math:`\eta`, the learning rate of this step (the schedule's value at the
+        pre-increment ``iterations``).
+    weight_decay : float
+        :math:`\lambda`, per unit of learning rate.
+    indices : ndarray of int, shape ``(k,)``, or None
+        Decay only these rows (unique); ``None`` decays the whole variable. refopt's
+        ``LazyAdam`` passes the rows of its sparse gradient so that absent rows stay untouched.
+
+    Returns
+    -------
+    ndarray
+        The decayed variable, a new array of the input dtype and shape.
+
+    Raises
+    ------
+    TypeError
+        If ``param`` is not a float16/32/64 ndarray.
+
+    Notes
+    -----
+    Computed in the dtype of ``param`` as ``w - (w * dtype(wd)) * dtype(lr)``, left to right,
+    as ``variable.assign_sub(variable * wd * lr)`` in tf-keras. The decay is decoupled from
+    the gradient (Loshchilov & Hutter) and multiplied by the learning rate, like PyTorch's
+    ``AdamW``; TF-Addons' ``AdamW`` does *not* multiply by the learning rate.
+    """
+    as_float_array("param", param)
+    dtype = param.dtype
+    wd = scalar(dtype, weight_decay)
+    lr = scalar(dtype, learning_rate)
+    with np.errstate(all="ignore"):
+        if indices is None:
+            return np.asarray(param - param * wd * lr)
+        out = param.copy()
+        rows = param[indices]
+        out[indices] = rows - rows * wd * lr
+        return out
