@@ -311,7 +311,8 @@ class Optimizer:
                 f"Received: learning_rate={value!r}"
             )
         check_real("learning_rate", value, low=0)
-        rounded = float(np.float32(value))
+        with np.errstate(over="ignore"):
+            rounded = float(np.float32(value))
         if not math.isfinite(rounded):
             raise ValueError(
                 "`learning_rate` must be finite in float32 (it is stored as float32). "
