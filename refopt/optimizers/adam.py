@@ -91,11 +91,8 @@ class Adam(Optimizer):
     def _slot_names(self):
         return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
 
-    def _update_fn(self):
-        return self._kernels.adam_update
-
     def _update_step(self, param, grad, slots, learning_rate, step):
-        r = self._update_fn()(
+        r = self._kernels.adam_update(
             param,
             grad,
             slots["m"],
@@ -212,7 +209,7 @@ class LazyAdam(Adam):
     step); ``tf_keras/optimizers/adam.py`` (scalars and moment formula).
     """
 
-    _lazy_weight_decay = True
+    _lazy_sparse = True
 
     def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                  amsgrad=False, name="LazyAdam", **kwargs):
@@ -225,9 +222,6 @@ class LazyAdam(Adam):
             name=name,
             **kwargs,
         )
-
-    def _update_fn(self):
-        return self._kernels.lazy_adam_update
 
 
 for _cls in (Adam, AdamW, LazyAdam):

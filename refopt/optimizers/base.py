@@ -370,7 +370,8 @@ class Optimizer:
         """Return ``(new_param, {slot: new_array})`` for one variable; must not mutate."""
         raise NotImplementedError
 
-    _lazy_weight_decay = False
+    #: Lazy optimizers update only the rows present in an IndexedSlices gradient.
+    _lazy_sparse = False
 
     # ----------------------------------------------------------------- building
     def _check_variable(self, var, where):
@@ -596,13 +597,18 @@ class Optimizer:
             self.build([v for _, v in pairs])
         new_values = self._compute_step(present, lr_value)
         # Commit: nothing above has modified any array; nothing below can fail.
-        for var, (param, slots, average) in new_values.items():
+        for var, (param, slots, average, rows) in new_values.items():
             i = self._index[var]
-            np.copyto(self._vars[i], param)
-            for name, arr in slots.items():
-                np.copyto(self._slots[name][i], arr)
             if average is not None:
                 np.copyto(self._averages[i], average)
+            if rows is None:
+                np.copyto(self._vars[i], param)
+                for name, arr in slots.items():
+                    np.copyto(self._slots[name][i], arr)
+            else:  # lazy: only the rows of the sparse gradient were computed
+                self._vars[i][rows] = param
+                for name, arr in slots.items():
+                    self._slots[name][i][rows] = arr
         self._iterations += 1
         if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
             self._current_learning_rate = lr_value
@@ -618,27 +624,44 @@ class Optimizer:
         out = {}
         for grad, var in zip(grads, variables):
             i = self._index[id(var)]
-            param = var
-            if self.weight_decay is not None and id(var) not in self._exclude_ids:
-                rows = (
-                    grad.indices
-                    if self._lazy_weight_decay and isinstance(grad, IndexedSlices)
-                    else None
-                )
+            decay = self.weight_decay is not None and id(var) not in self._exclude_ids
+            if self._lazy_sparse and isinstance(grad, IndexedSlices):
+                # Lazy rows: gather the present (unique) rows of the variable and its slots,
+                # run the dense update on them, scatter back at commit. Cost ~ rows touched.
+                rows = grad.indices
+                param = var[rows]
+                grad = grad.values
+                slots = {name: self._slots[name][i][rows] for name in self._slot_names()}
+            else:
+                rows = None
+                param = var
+                slots = {name: self._slots[name][i] for name in self._slot_names()}
+            if decay:
                 param = k.apply_weight_decay(
-                    param, learning_rate=lr_value, weight_decay=self.weight_decay, indices=rows
+                    param, learning_rate=lr_value, weight_decay=self.weight_decay
                 )
-            slots = {name: self._slots[name][i] for name in self._slot_names()}
             new_param, new_slots = self._update_step(param, grad, slots, lr_value, step)
             average = None
             if self.use_ema:
-                average = k.ema_update(
-                    self._averages[i], new_param, ema_momentum=self.ema_momentum
-                )
+                # The EMA averages every row, so with EMA a lazy step commits whole arrays.
+                if rows is not None:
+                    new_param, new_slots = self._expand_rows(i, rows, new_param, new_slots)
+                    rows = None
+                average = k.ema_update(self._averages[i], new_param, ema_momentum=self.ema_momentum)
                 if self.ema_overwrite_frequency and step % self.ema_overwrite_frequency == 0:
                     new_param = average
-            out[id(var)] = (new_param, new_slots, average)
+            out[id(var)] = (new_param, new_slots, average, rows)
         return out
+
+    def _expand_rows(self, i, rows, param_rows, slot_rows):
+        """Whole new arrays from row-wise results (copies; nothing is modified)."""
+        param = self._vars[i].copy()
+        param[rows] = param_rows
+        slots = {}
+        for name, arr in slot_rows.items():
+            slots[name] = self._slots[name][i].copy()
+            slots[name][rows] = arr
+        return param, slots
 
     def minimize(self, loss_and_grads_fn, var_list):
         """Compute ``(loss, grads) = loss_and_grads_fn()`` and apply the gradients.

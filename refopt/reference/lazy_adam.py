@@ -14,7 +14,7 @@ import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import as_float_array, check_grad, check_like
-from refopt.reference.adam import AdamResult, adam_scalars, adam_update
+from refopt.reference.adam import AdamResult, adam_update
 
 __all__ = ["lazy_adam_update"]
 
@@ -64,7 +64,8 @@ def lazy_adam_update(
         \hat v_I &\leftarrow \max(\hat v_I, v_I) \quad\text{(AMSGrad)} \\
         w_I &\leftarrow w_I - (m_I\alpha) / (\sqrt{v_I} + \hat\epsilon)
 
-    with :math:`\alpha` from :func:`adam_scalars` at the global step. Convention difference:
+    with :math:`\alpha` from :func:`adam_scalars` at the global step: the present rows get
+    exactly :func:`adam_update` applied to the gathered rows. Convention difference:
     TF1 contrib and TF-Addons write the moments as ``b1*m + (1-b1)*g`` (different rounding)
     and have no AMSGrad; the ``convention`` presets of the optimizer select those.
     Lazy Adam is a different algorithm from Adam: absent rows keep stale moments (see
@@ -82,25 +83,17 @@ def lazy_adam_update(
     check_like(param, "v", v)
     if vhat is not None:
         check_like(param, "vhat", vhat)
-    s = adam_scalars(
-        param.dtype, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
-        epsilon=epsilon, step=step,
-    )
     g = grad.deduplicate()
     idx = g.indices
-    m_new, v_new, param_new = m.copy(), v.copy(), param.copy()
-    vhat_new = None if vhat is None else vhat.copy()
-    with np.errstate(all="ignore"):
-        m_rows = m[idx]
-        m_rows = m_rows + (g.values - m_rows) * s.one_minus_beta_1
-        v_rows = v[idx]
-        v_rows = v_rows + (np.square(g.values) - v_rows) * s.one_minus_beta_2
-        denom_rows = v_rows
-        if vhat is not None:
-            vhat_rows = np.maximum(vhat[idx], v_rows)
-            vhat_new[idx] = vhat_rows
-            denom_rows = vhat_rows
-        param_new[idx] = param[idx] - (m_rows * s.alpha) / (np.sqrt(denom_rows) + s.epsilon)
-    m_new[idx] = m_rows
-    v_new[idx] = v_rows
+    # The present rows get exactly the dense update (same elementwise operations, same order).
+    rows = adam_update(
+        param[idx], g.values, m[idx], v[idx], None if vhat is None else vhat[idx],
+        learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, step=step,
+    )
+    param_new, m_new, v_new = param.copy(), m.copy(), v.copy()
+    param_new[idx], m_new[idx], v_new[idx] = rows.param, rows.m, rows.v
+    vhat_new = None
+    if vhat is not None:
+        vhat_new = vhat.copy()
+        vhat_new[idx] = rows.vhat
     return AdamResult(param_new, m_new, v_new, vhat_new)

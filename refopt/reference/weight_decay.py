@@ -12,7 +12,7 @@ from refopt.reference._common import as_float_array, scalar
 __all__ = ["apply_weight_decay"]
 
 
-def apply_weight_decay(param, *, learning_rate, weight_decay, indices=None):
+def apply_weight_decay(param, *, learning_rate, weight_decay):
     r"""Shrink a variable towards zero: :math:`w \leftarrow w - (w\lambda)\eta`.
 
     Parameters
@@ -24,9 +24,6 @@ def apply_weight_decay(param, *, learning_rate, weight_decay, indices=None):
         pre-increment ``iterations``).
     weight_decay : float
         :math:`\lambda`, per unit of learning rate.
-    indices : ndarray of int, shape ``(k,)``, or None
-        Decay only these rows (unique); ``None`` decays the whole variable. refopt's
-        ``LazyAdam`` passes the rows of its sparse gradient so that absent rows stay untouched.
 
     Returns
     -------
@@ -41,7 +38,8 @@ def apply_weight_decay(param, *, learning_rate, weight_decay, indices=None):
     Notes
     -----
     Computed in the dtype of ``param`` as ``w - (w * dtype(wd)) * dtype(lr)``, left to right,
-    as ``variable.assign_sub(variable * wd * lr)`` in tf-keras. The decay is decoupled from
+    as ``variable.assign_sub(variable * wd * lr)`` in tf-keras. ``LazyAdam`` calls it on the
+    gathered rows of a sparse gradient only, so absent rows are not decayed. The decay is decoupled from
     the gradient (Loshchilov & Hutter) and multiplied by the learning rate, like PyTorch's
     ``AdamW``; TF-Addons' ``AdamW`` does *not* multiply by the learning rate.
     """
@@ -50,9 +48,4 @@ def apply_weight_decay(param, *, learning_rate, weight_decay, indices=None):
     wd = scalar(dtype, weight_decay)
     lr = scalar(dtype, learning_rate)
     with np.errstate(all="ignore"):
-        if indices is None:
-            return np.asarray(param - param * wd * lr)
-        out = param.copy()
-        rows = param[indices]
-        out[indices] = rows - rows * wd * lr
-        return out
+        return np.asarray(param - param * wd * lr)
