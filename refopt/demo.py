@@ -1,0 +1,579 @@
+"""Skip-gram word embeddings with negative sampling (word2vec SGNS), trained by :class:`LazyAdam`.
+
+This is the workload refopt exists for: two embedding tables (the *input* or "center" table and
+the *output* or "context" table) whose gradients are :class:`~refopt.IndexedSlices` with many
+duplicate indices per batch (frequent words occur many times in one batch), applied by a lazy
+optimizer that moves only the rows it is given.
+
+The model is the one of Mikolov et al. (2013), "Distributed Representations of Words and Phrases
+and their Compositionality": for a center word ``c`` with context word ``o`` and ``K`` negative
+words ``n_1 .. n_K`` drawn from the unigram distribution raised to the power 3/4, the loss is::
+
+    loss = -log σ(u_c · v_o) - Σ_k log σ(-u_c · v_{n_k})
+
+where ``u`` are rows of the input table and ``v`` rows of the output table. A batch holds many
+(center, context) pairs, each with its own ``K`` negatives; the objective of a batch is the mean
+loss over its pairs.
+
+Everything here is computation; nothing prints. The command line (``refopt demo``, in
+:mod:`refopt.cli`) does the reporting.
+
+Examples
+--------
+>>> from refopt.demo import load_corpus, tokenize, train_skipgram, nearest_neighbours
+>>> text, name = load_corpus()                      # the CPython documentation topics
+>>> result = train_skipgram(tokenize(text)[:5000], epochs=2, dim=16)   # doctest: +SKIP
+>>> nearest_neighbours(result.embeddings, result.vocab, "function", k=3)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from refopt.indexed_slices import IndexedSlices
+
+__all__ = [
+    "DEFAULT_CORPUS_NAME",
+    "Progress",
+    "SkipGramResult",
+    "Vocabulary",
+    "build_vocabulary",
+    "load_corpus",
+    "make_optimizer",
+    "nearest_neighbours",
+    "skipgram_batch",
+    "subsample",
+    "tokenize",
+    "train_skipgram",
+]
+
+#: What :func:`load_corpus` calls the embedded default corpus.
+DEFAULT_CORPUS_NAME = "pydoc_data.topics (the CPython documentation shipped with Python)"
+
+_WORD = re.compile(r"[a-z]+")
+
+
+def load_corpus(path=None):
+    """Read the text to train on.
+
+    Parameters
+    ----------
+    path : str or os.PathLike, optional
+        A UTF-8 text file. When omitted, the embedded default corpus is used: the help topics of
+        the CPython documentation, ``pydoc_data.topics.topics`` (a dict of str to str shipped with
+        every Python), joined in sorted key order.
+
+    Returns
+    -------
+    text : str
+        The whole corpus.
+    name : str
+        A short description of where it came from (the path, or :data:`DEFAULT_CORPUS_NAME`).
+
+    Raises
+    ------
+    FileNotFoundError, IsADirectoryError, PermissionError
+        If ``path`` cannot be opened.
+    UnicodeDecodeError
+        If the file is not valid UTF-8.
+    """
+    if path is None:
+        from pydoc_data.topics import topics
+
+        return "\n".join(topics[key] for key in sorted(topics)), DEFAULT_CORPUS_NAME
+    with open(path, encoding="utf-8") as handle:
+        return handle.read(), str(path)
+
+
+def tokenize(text):
+    """Split text into lowercase words.
+
+    A word is a maximal run of the ASCII letters ``a``-``z`` after lowercasing; everything else
+    (digits, punctuation, underscores, whitespace, other scripts) separates words.
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    list of str
+        The words in order of appearance.
+
+    Examples
+    --------
+    >>> tokenize("The __init__() method, e.g. str.Upper!")
+    ['the', 'init', 'method', 'e', 'g', 'str', 'upper']
+    """
+    return _WORD.findall(text.lower())
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The words kept for training, most frequent first.
+
+    Attributes
+    ----------
+    words : list of str
+        The kept words; ``words[i]`` is row ``i`` of both embedding tables.
+    counts : ndarray of int64, shape ``(len(words),)``
+        How often each word occurs in the corpus (non-increasing).
+    index : dict of str to int
+        Inverse of ``words``.
+    """
+
+    words: list
+    counts: np.ndarray
+    index: dict = field(repr=False)
+
+    def __len__(self):
+        return len(self.words)
+
+    def encode(self, tokens):
+        """Map tokens to row ids, dropping tokens that are not in the vocabulary.
+
+        Parameters
+        ----------
+        tokens : iterable of str
+
+        Returns
+        -------
+        ndarray of int64
+        """
+        index = self.index
+        return np.fromiter((index[t] for t in tokens if t in index), dtype=np.int64)
+
+
+def build_vocabulary(tokens, min_count=5, max_size=None):
+    """Count the tokens and keep the frequent ones.
+
+    Parameters
+    ----------
+    tokens : iterable of str
+    min_count : int, default 5
+        Words occurring fewer times are dropped.
+    max_size : int, optional
+        Keep at most this many words (the most frequent). Ties in count are broken by first
+        appearance in ``tokens``, so the result is deterministic.
+
+    Returns
+    -------
+    Vocabulary
+    """
+    counter = Counter(tokens)  # insertion order = first appearance
+    kept = [(w, c) for w, c in counter.items() if c >= min_count]
+    kept.sort(key=lambda wc: -wc[1])  # stable: ties keep first-appearance order
+    if max_size is not None:
+        kept = kept[:max_size]
+    words = [w for w, _ in kept]
+    counts = np.array([c for _, c in kept], dtype=np.int64)
+    return Vocabulary(words, counts, {w: i for i, w in enumerate(words)})
+
+
+def subsample(ids, counts, sample, rng):
+    """Drop occurrences of frequent words at random, as word2vec does.
+
+    Each occurrence of word ``w`` with corpus frequency ``f = counts[w] / counts.sum()`` is kept
+    with probability ``(sqrt(f / sample) + 1) * sample / f`` (capped at 1), the formula of the
+    word2vec C code (``sample`` is its ``-sample`` option; ``1e-3`` there by default).
+
+    Parameters
+    ----------
+    ids : ndarray of int
+        The corpus as row ids.
+    counts : ndarray of int
+        Count of each row id.
+    sample : float
+        The threshold; ``0`` or less keeps everything.
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    ndarray of int
+        The kept ids, in their original order.
+    """
+    if sample <= 0 or ids.size == 0:
+        return ids
+    freq = counts / counts.sum()
+    keep = np.minimum((np.sqrt(freq / sample) + 1.0) * sample / freq, 1.0)
+    return ids[rng.random(ids.size) < keep[ids]]
+
+
+def _skipgram_pairs(ids, window, rng):
+    """All (center, context) pairs of one pass, with word2vec's shrunk window.
+
+    For each center position a window ``b`` is drawn uniformly from ``1..window`` and the words at
+    distance ``1..b`` on either side are its contexts. Returns two int64 arrays.
+    """
+    n = ids.size
+    reach = rng.integers(1, window + 1, size=n)
+    centers, contexts = [], []
+    for d in range(1, min(window, n - 1) + 1):
+        right = reach[: n - d] >= d  # center at i, context at i + d
+        centers.append(ids[: n - d][right])
+        contexts.append(ids[d:][right])
+        left = reach[d:] >= d  # center at i, context at i - d
+        centers.append(ids[d:][left])
+        contexts.append(ids[: n - d][left])
+    if not centers:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(centers), np.concatenate(contexts)
+
+
+def skipgram_batch(center_table, context_table, centers, targets):
+    """Loss and sparse gradients of a batch of SGNS examples.
+
+    Parameters
+    ----------
+    center_table : ndarray, shape ``(V, dim)``
+        Input embeddings ``u``.
+    context_table : ndarray, shape ``(V, dim)``
+        Output embeddings ``v``.
+    centers : ndarray of int, shape ``(B,)``
+        Center word of each example.
+    targets : ndarray of int, shape ``(B, 1 + K)``
+        Column 0 is the true context word, columns ``1..K`` the negative words.
+
+    Returns
+    -------
+    loss : float
+        The mean over the ``B`` examples of ``-log σ(u·v_o) - Σ_k log σ(-u·v_k)``, computed with
+        the stable ``log σ(x) = -logaddexp(0, -x)``.
+    center_grad : IndexedSlices
+        Gradient of the mean loss wrt ``center_table``: ``B`` rows at ``centers``.
+    context_grad : IndexedSlices
+        Gradient wrt ``context_table``: ``B * (1 + K)`` rows at ``targets.ravel()``.
+
+    Notes
+    -----
+    With ``z = sign * (u · v)`` (``sign`` +1 for the context, -1 for negatives) each term is
+    ``logaddexp(0, -z)`` and its derivative wrt the score ``u · v`` is ``-sign * σ(-z)``, with
+    ``σ(-z) = exp(-logaddexp(0, z))``. The gradients are in the dtype of the tables. Indices repeat
+    whenever a word occurs more than once in the batch; the optimizer sums them.
+    """
+    dtype = center_table.dtype
+    batch, width = targets.shape
+    u = center_table[centers]  # (B, d)
+    v = context_table[targets]  # (B, 1+K, d)
+    scores = np.matmul(v, u[:, :, None])[:, :, 0]  # (B, 1+K)
+    sign = np.full(width, -1.0, dtype=dtype)
+    sign[0] = 1.0
+    z = scores * sign
+    loss = float(np.logaddexp(dtype.type(0), -z).sum(dtype=np.float64) / batch)
+    # d(mean loss)/d(score): -sign * sigmoid(-z) / B
+    dscore = (-sign / dtype.type(batch)) * np.exp(-np.logaddexp(dtype.type(0), z))
+    center_values = np.matmul(dscore[:, None, :], v)[:, 0, :]  # (B, d)
+    context_values = (dscore[:, :, None] * u[:, None, :]).reshape(batch * width, -1)
+    return (
+        loss,
+        IndexedSlices(center_values, centers, center_table.shape),
+        IndexedSlices(context_values, targets.reshape(-1), context_table.shape),
+    )
+
+
+def make_optimizer(learning_rate=0.005, backend="reference"):
+    """The optimizer the demo trains with: :class:`refopt.LazyAdam` with Keras default betas.
+
+    Parameters
+    ----------
+    learning_rate : float, default 0.005
+    backend : str, default "reference"
+        Passed through to :class:`~refopt.LazyAdam`, which rejects backends it does not have.
+
+    Returns
+    -------
+    refopt.LazyAdam
+    """
+    from refopt import LazyAdam
+
+    return LazyAdam(
+        learning_rate=learning_rate, beta_1=0.9, beta_2=0.999, epsilon=1e-7, backend=backend
+    )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where :func:`train_skipgram` stands, as passed to its ``progress`` callback.
+
+    Attributes
+    ----------
+    epoch, epochs : int
+        The current epoch (from 1) and the number of epochs.
+    batch, batches : int
+        Batches done in this epoch (from 1) and the number in this epoch (it varies from epoch
+        to epoch, with subsampling and the dynamic window).
+    loss : float
+        Mean loss over the examples of this epoch so far (NaN for an epoch without examples).
+    pairs : int
+        Examples done in this epoch.
+    seconds : float
+        Wall time of this epoch so far.
+    """
+
+    epoch: int
+    epochs: int
+    batch: int
+    batches: int
+    loss: float
+    pairs: int
+    seconds: float
+
+
+@dataclass
+class SkipGramResult:
+    """What :func:`train_skipgram` returns.
+
+    Attributes
+    ----------
+    vocab : list of str
+        Row ``i`` of the tables is ``vocab[i]``; most frequent first.
+    counts : ndarray of int64
+        Corpus count of each vocabulary word.
+    embeddings : ndarray of float32, shape ``(len(vocab), dim)``
+        The input ("center") table: the word vectors.
+    context_embeddings : ndarray of float32, shape ``(len(vocab), dim)``
+        The output ("context") table.
+    losses : list of float
+        Mean SGNS loss per training example, one entry per epoch.
+    epoch_seconds : list of float
+        Wall time of each epoch.
+    pairs_per_epoch : list of int
+        (center, context) examples trained on in each epoch.
+    corpus_tokens : int
+        Tokens given to :func:`train_skipgram`.
+    vocab_tokens : int
+        Of these, the tokens in the vocabulary (the ones trained on, before subsampling).
+    seconds : float
+        Wall time of the whole call, vocabulary building included.
+    iterations : int
+        Optimizer steps taken (batches).
+    """
+
+    vocab: list
+    counts: np.ndarray
+    embeddings: np.ndarray
+    context_embeddings: np.ndarray
+    losses: list
+    epoch_seconds: list
+    pairs_per_epoch: list
+    corpus_tokens: int
+    vocab_tokens: int
+    seconds: float
+    iterations: int
+
+    @property
+    def tokens_per_second(self):
+        """float: corpus tokens processed per second of wall time (``corpus_tokens * epochs``)."""
+        return self.corpus_tokens * len(self.losses) / self.seconds if self.seconds > 0 else 0.0
+
+
+def train_skipgram(
+    tokens,
+    *,
+    epochs=20,
+    dim=100,
+    window=5,
+    negatives=5,
+    batch_size=1024,
+    learning_rate=0.005,
+    min_count=5,
+    vocab_size=5000,
+    sample=1e-3,
+    seed=0,
+    backend="reference",
+    optimizer=None,
+    progress=None,
+):
+    """Train skip-gram embeddings with negative sampling on a token sequence.
+
+    Parameters
+    ----------
+    tokens : sequence of str
+        The corpus, e.g. from :func:`tokenize`.
+    epochs : int, default 20
+        Passes over the corpus. Subsampling, windows, negatives and the order of examples are
+        drawn afresh in every epoch.
+    dim : int, default 100
+        Embedding dimension.
+    window : int, default 5
+        Maximum distance between a center word and a context word; each center draws its own
+        window size in ``1..window`` (word2vec's "dynamic window").
+    negatives : int, default 5
+        Negative words per (center, context) example, drawn from the unigram distribution raised
+        to 3/4. A negative may coincide with the true context word (it is not resampled).
+    batch_size : int, default 1024
+        (center, context) examples per optimizer step.
+    learning_rate : float, default 0.005
+        Of the :class:`~refopt.LazyAdam` built by :func:`make_optimizer`.
+    min_count : int, default 5
+        See :func:`build_vocabulary`.
+    vocab_size : int, default 5000
+        Keep at most this many words (the most frequent).
+    sample : float, default 1e-3
+        Subsampling threshold, see :func:`subsample`; ``0`` disables subsampling.
+    seed : int, default 0
+        Seeds the initial tables and every random draw; equal arguments give equal results.
+    backend : str, default "reference"
+        Passed to :func:`make_optimizer`; ignored when ``optimizer`` is given.
+    optimizer : object, optional
+        Anything with ``apply_gradients([(IndexedSlices, ndarray), ...])`` that updates the tables
+        in place, used instead of a new :class:`~refopt.LazyAdam`. One optimizer updates both
+        tables, one step per batch.
+    progress : callable, optional
+        Called as ``progress(p)`` with a :class:`Progress` after every batch, and at least once
+        per epoch: the last call of an epoch has ``p.batch == p.batches`` and ``p.loss`` is then
+        the epoch's mean loss.
+
+    Returns
+    -------
+    SkipGramResult
+
+    Raises
+    ------
+    ValueError
+        If an argument is out of range, or fewer than two distinct words survive
+        :func:`build_vocabulary` (nothing to train).
+
+    Notes
+    -----
+    The input table starts uniform in ``[-0.5/dim, 0.5/dim)`` and the output table at zero, as in
+    word2vec. Both are C-contiguous float32 and are updated in place by the optimizer; the
+    gradients are float32 :class:`~refopt.IndexedSlices` (see :func:`skipgram_batch`).
+    """
+    for name, value, low in [
+        ("epochs", epochs, 1),
+        ("dim", dim, 1),
+        ("window", window, 1),
+        ("negatives", negatives, 0),
+        ("batch_size", batch_size, 1),
+        ("min_count", min_count, 1),
+        ("vocab_size", vocab_size, 2),
+    ]:
+        if int(value) != value or value < low:
+            raise ValueError(f"`{name}` must be an integer >= {low}. Received: {name}={value!r}")
+    if not learning_rate > 0:
+        raise ValueError(f"`learning_rate` must be > 0. Received: learning_rate={learning_rate!r}")
+
+    start = time.perf_counter()
+    tokens = list(tokens)
+    vocab = build_vocabulary(tokens, min_count=min_count, max_size=vocab_size)
+    if len(vocab) < 2:
+        raise ValueError(
+            f"the corpus has {len(vocab)} distinct word(s) occurring at least {min_count} times "
+            f"({len(tokens)} tokens); at least 2 are needed to train"
+        )
+    ids = vocab.encode(tokens)
+    if optimizer is None:
+        optimizer = make_optimizer(learning_rate, backend)
+
+    rng = np.random.default_rng(seed)
+    n_words = len(vocab)
+    center_table = np.ascontiguousarray(
+        (rng.random((n_words, dim), dtype=np.float32) - np.float32(0.5)) / np.float32(dim)
+    )
+    context_table = np.zeros((n_words, dim), dtype=np.float32)
+    noise = vocab.counts.astype(np.float64) ** 0.75
+    noise_cdf = np.cumsum(noise / noise.sum())
+
+    losses, epoch_seconds, pairs_per_epoch = [], [], []
+    for epoch in range(1, epochs + 1):
+        epoch_start = time.perf_counter()
+        kept = subsample(ids, vocab.counts, sample, rng)
+        centers, contexts = _skipgram_pairs(kept, window, rng)
+        order = rng.permutation(centers.size)
+        centers, contexts = centers[order], contexts[order]
+        n_pairs = centers.size
+        n_batches = -(-n_pairs // batch_size)
+        total = 0.0
+        for b in range(n_batches):
+            sl = slice(b * batch_size, (b + 1) * batch_size)
+            c = centers[sl]
+            targets = np.empty((c.size, 1 + negatives), dtype=np.int64)
+            targets[:, 0] = contexts[sl]
+            if negatives:
+                draws = rng.random((c.size, negatives))
+                targets[:, 1:] = np.minimum(np.searchsorted(noise_cdf, draws), n_words - 1)
+            loss, center_grad, context_grad = skipgram_batch(
+                center_table, context_table, c, targets
+            )
+            optimizer.apply_gradients([(center_grad, center_table), (context_grad, context_table)])
+            total += loss * c.size
+            if progress is not None:
+                done = min(n_pairs, (b + 1) * batch_size)
+                progress(
+                    Progress(epoch, epochs, b + 1, n_batches, total / done, done,
+                             time.perf_counter() - epoch_start)
+                )
+        losses.append(total / n_pairs if n_pairs else float("nan"))
+        pairs_per_epoch.append(int(n_pairs))
+        epoch_seconds.append(time.perf_counter() - epoch_start)
+        if progress is not None and n_batches == 0:
+            progress(Progress(epoch, epochs, 0, 0, float("nan"), 0, epoch_seconds[-1]))
+
+    return SkipGramResult(
+        vocab=list(vocab.words),
+        counts=vocab.counts,
+        embeddings=center_table,
+        context_embeddings=context_table,
+        losses=losses,
+        epoch_seconds=epoch_seconds,
+        pairs_per_epoch=pairs_per_epoch,
+        corpus_tokens=len(tokens),
+        vocab_tokens=int(ids.size),
+        seconds=time.perf_counter() - start,
+        iterations=int(optimizer.iterations),
+    )
+
+
+def nearest_neighbours(embeddings, vocab, word, k=5):
+    """The words whose vectors are closest to ``word``'s by cosine similarity.
+
+    Parameters
+    ----------
+    embeddings : ndarray, shape ``(len(vocab), dim)``
+    vocab : sequence of str
+        ``vocab[i]`` names row ``i``.
+    word : str
+        The query; must be in ``vocab``.
+    k : int, default 5
+        How many neighbours to return (fewer if the vocabulary is smaller).
+
+    Returns
+    -------
+    list of (str, float)
+        ``(word, cosine)`` pairs, most similar first, the query itself excluded. Ties keep
+        vocabulary order. A zero vector has cosine 0 with everything.
+
+    Raises
+    ------
+    KeyError
+        If ``word`` is not in ``vocab``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> E = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [-1.0, 0.0]])
+    >>> [(w, round(s, 4)) for w, s in nearest_neighbours(E, ["a", "b", "c", "d"], "a", k=2)]
+    [('b', 0.7071), ('c', 0.0)]
+    """
+    vocab = list(vocab)
+    try:
+        row = vocab.index(word)
+    except ValueError:
+        raise KeyError(f"{word!r} is not in the vocabulary") from None
+    emb = np.asarray(embeddings, dtype=np.float64)
+    norms = np.linalg.norm(emb, axis=1)
+    safe = np.where(norms > 0, norms, 1.0)
+    sims = (emb @ emb[row]) / (safe * safe[row])
+    sims[norms == 0] = 0.0
+    if norms[row] == 0:
+        sims[:] = 0.0
+    sims[row] = -np.inf
+    order = np.argsort(-sims, kind="stable")
+    n = min(k, len(vocab) - 1)
+    return [(vocab[i], float(sims[i])) for i in order[:n]]
