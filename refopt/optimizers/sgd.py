@@ -29,6 +29,16 @@ class SGD(Optimizer):
     with the updated ``m``). See :func:`refopt.reference.sgd_update`. PyTorch's SGD keeps a
     velocity without the learning rate (``b = momentum b + g; w -= lr b``), which rounds
     differently and differs when the learning rate changes.
+
+    Examples
+    --------
+    >>> import numpy as np, refopt
+    >>> w = np.array([1.0, 2.0], np.float32)
+    >>> opt = refopt.SGD(learning_rate=0.1, momentum=0.9)
+    >>> for _ in range(2):
+    ...     _ = opt.apply_gradients([(np.ones(2, np.float32), w)])
+    >>> w  # 1 - 0.1 - (0.1 + 0.9 * 0.1)
+    array([0.71, 1.71], dtype=float32)
     """
 
     def __init__(

@@ -128,6 +128,14 @@ def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, 
     Source: ``tf_keras/optimizers/adam.py`` (tf-keras 2.11+, ``Adam.update_step``); reproduces
     tf.keras 2.21 float32 bit for bit on the three-step vector of the semantics notes.
 
+    Examples
+    --------
+    >>> import numpy as np
+    >>> w, g, z = np.array([1.0, 2.0], np.float32), np.array([0.5, -0.5], np.float32), np.zeros(2, np.float32)
+    >>> r = adam_update(w, g, z, z, learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-7, step=1)
+    >>> r.param, r.m, r.v
+    (array([0.9000013, 2.0999987], dtype=float32), array([ 0.05, -0.05], dtype=float32), array([0.00025, 0.00025], dtype=float32))
+
     References
     ----------
     Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015.

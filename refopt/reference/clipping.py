@@ -194,6 +194,14 @@ def clip_by_global_norm(grads, clip_norm, use_norm=None):
     ``c / (N + 1e-6)`` clamped to 1, and optax's ``clip_by_global_norm`` selects with
     ``where(N < c, g, g / N * c)``.
 
+    Examples
+    --------
+    >>> import numpy as np
+    >>> clipped, norm = clip_by_global_norm([np.array([3.0, 0.0], np.float32),
+    ...                                      np.array([0.0, 4.0], np.float32)], 1.0)
+    >>> clipped, float(norm)
+    ([array([0.6, 0. ], dtype=float32), array([0. , 0.8], dtype=float32)], 5.0)
+
     Source: ``tensorflow/python/ops/clip_ops.py`` (``clip_by_global_norm``).
     """
     _check_number("clip_norm", clip_norm)

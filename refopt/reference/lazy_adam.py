@@ -70,6 +70,18 @@ def lazy_adam_update(
     and have no AMSGrad; the ``convention`` presets of the optimizer select those.
     Lazy Adam is a different algorithm from Adam: absent rows keep stale moments (see
     tensorflow/tensorflow#23668).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from refopt import IndexedSlices
+    >>> t, z = np.ones((3, 2), np.float32), np.zeros((3, 2), np.float32)
+    >>> g = IndexedSlices(np.full((2, 2), 0.5, np.float32), [1, 1], (3, 2))  # row 1 twice: sum 1.0
+    >>> lazy_adam_update(t, g, z, z, learning_rate=0.1, beta_1=0.9, beta_2=0.999,
+    ...                  epsilon=1e-7, step=1).param
+    array([[1.      , 1.      ],
+           [0.900001, 0.900001],
+           [1.      , 1.      ]], dtype=float32)
     """
     if not isinstance(grad, IndexedSlices):
         return adam_update(
