@@ -284,3 +284,39 @@ def test_float16_adam_computes_in_float16():
     assert w.dtype == np.float16 and opt.get_slot(w, "m").dtype == np.float16
     # first step is ~lr * sign(g): 1 - 0.01 = 0.99 within float16 resolution (eps 2**-10)
     np.testing.assert_allclose(w.astype(np.float64), 0.99, atol=2 * 2.0**-10)
+
+
+# Regressions found by replaying random cases through TF 2.21 / tf-keras 2.21 (CPU, eager):
+# values printed by TensorFlow.
+
+def test_adam_bias_correction_pow_is_the_c_library_powf():
+    # np.power(f32(0.9), f32(4)) = 0.6561 on AVX-512 NumPy builds; tf.pow (powf) = 0.6560999.
+    w = _f32([1.0])
+    opt = refopt.Adam(learning_rate=1.0)
+    for _ in range(4):
+        opt.apply_gradients([(_f32([1.0]), w)])
+    assert float(w[0]) == -2.9999611377716064
+
+
+@pytest.mark.parametrize(
+    "make,steps,grad,expected",
+    [
+        (lambda: refopt.Adam(learning_rate=0.001), 1, 1.0, 0.9990000097904889),
+        (lambda: refopt.SGD(learning_rate=0.1, momentum=0.9), 2, 1.0, 0.7099999980628491),
+        (lambda: refopt.SGD(learning_rate=0.5, weight_decay=0.1), 1, 0.0, 0.9499999992549419),
+    ],
+    ids=["adam-beta", "sgd-momentum", "weight-decay"],
+)
+def test_float64_hyperparameters_go_through_float32_as_tf_cast(make, steps, grad, expected):
+    # tf.cast(0.9, tf.float64) == 0.8999999761581421: tf-keras casts beta, momentum and
+    # weight_decay from Python floats, which TF first makes float32 tensors.
+    w = np.array([1.0])
+    opt = make()
+    for _ in range(steps):
+        opt.apply_gradients([(np.array([grad]), w)])
+    assert float(w[0]) == expected
+
+
+def test_schedule_pow_is_the_c_library_powf():
+    s = refopt.schedules.ExponentialDecay(0.018287960217785164, 28.280102444736478, 0.5942197403236961)
+    assert s(10) == np.float32(0.01521359)

@@ -48,5 +48,23 @@ def check_grad(param, grad):
 
 
 def scalar(dtype, x):
-    """Round the Python number ``x`` once to ``dtype`` (what ``tf.cast`` of a Python float does)."""
-    return dtype.type(x)
+    """Convert the Python number ``x`` to ``dtype`` with one rounding.
+
+    What TensorFlow does when a Python float meets a tensor in an operation (``eps + sqrt(v)``,
+    ``g * (1 - beta_1)``, ``ema_momentum * average``): the number is converted straight to the
+    tensor's dtype.
+    """
+    return np.dtype(dtype).type(x)
+
+
+def tf_cast(dtype, x):
+    """Convert the Python number ``x`` to ``dtype`` as ``tf.cast(x, dtype)`` does: via float32.
+
+    ``tf.cast`` first makes a tensor of the Python float, which is float32, then casts it; so
+    for float64 the value is ``float64(float32(x))`` (``tf.cast(0.9, tf.float64)`` is
+    0.8999999761581421) and for float16 it is rounded twice. tf-keras uses ``tf.cast`` for
+    ``beta_1``/``beta_2`` inside the bias-correction powers, for SGD's ``momentum``, for
+    ``weight_decay`` and (from its float32 variable) for the learning rate.
+    """
+    with np.errstate(over="ignore"):
+        return np.dtype(dtype).type(np.float32(x))

@@ -12,7 +12,8 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
-from refopt.reference._common import as_float_array, check_grad, check_like, scalar
+from refopt import _libm
+from refopt.reference._common import as_float_array, check_grad, check_like, scalar, tf_cast
 
 __all__ = ["AdamResult", "adam_update", "adam_scalars"]
 
@@ -43,25 +44,28 @@ def adam_scalars(dtype, *, learning_rate, beta_1, beta_2, epsilon, step):
     dtype : numpy.dtype
         The variable dtype (float16, float32 or float64); every scalar is computed in it.
     learning_rate, beta_1, beta_2, epsilon : float
-        Python numbers. The optimizer passes the float32-rounded learning rate (tf-keras keeps
-        it in a float32 variable).
+        Python numbers.
     step : int
         The 1-based time step ``t = iterations + 1``.
 
     Returns
     -------
     AdamScalars
-        ``alpha = lr * sqrt(1 - b2^t) / (1 - b1^t)`` with ``b^t = pow(dtype(b), dtype(t))``
-        evaluated left to right in ``dtype``; ``one_minus_beta_i = dtype(1 - beta_i)`` (the
-        difference taken in float64 first, then rounded once, as tf-keras' Python expression
-        ``1 - self.beta_1``); ``epsilon = dtype(epsilon)``.
+        ``alpha = lr * sqrt(1 - b2^t) / (1 - b1^t)`` evaluated left to right in ``dtype``, where
+        ``lr`` and ``b`` are converted as ``tf.cast`` does (through float32: tf-keras keeps the
+        learning rate in a float32 variable and casts ``beta`` with ``tf.cast``), ``t`` is
+        ``dtype(step)`` and ``b^t`` is the C library's ``powf``/``pow`` (what ``tf.pow`` calls
+        on CPU; NumPy's vectorised ``np.power`` differs in the last bit on some CPUs, e.g.
+        0.9**4); ``one_minus_beta_i = dtype(1 - beta_i)`` (the difference taken in float64,
+        then rounded once, as tf-keras' Python expression ``1 - self.beta_1``);
+        ``epsilon = dtype(epsilon)``.
     """
     dtype = np.dtype(dtype)
     one = scalar(dtype, 1)
     t = scalar(dtype, step)
-    p1 = np.power(scalar(dtype, beta_1), t)
-    p2 = np.power(scalar(dtype, beta_2), t)
-    alpha = scalar(dtype, learning_rate) * np.sqrt(one - p2) / (one - p1)
+    p1 = _libm.power(dtype, tf_cast(dtype, beta_1), t)
+    p2 = _libm.power(dtype, tf_cast(dtype, beta_2), t)
+    alpha = tf_cast(dtype, learning_rate) * np.sqrt(one - p2) / (one - p1)
     return AdamScalars(
         alpha=alpha,
         one_minus_beta_1=scalar(dtype, 1 - beta_1),

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
-from refopt.reference._common import as_float_array, check_grad, check_like, scalar
+from refopt.reference._common import as_float_array, check_grad, check_like, tf_cast
 
 __all__ = ["SGDResult", "sgd_update"]
 
@@ -65,14 +65,17 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
     ``w[idx] += (-g)*eta`` followed by ``w <- w + m*mu``. Convention difference: PyTorch keeps
     ``b = mu*b + g`` and steps ``w -= lr*b`` (velocity without the learning rate).
 
+    ``learning_rate`` and ``momentum`` are converted to the dtype through float32, as
+    ``tf.cast`` does (see :func:`refopt.reference.adam_scalars`).
+
     Source: ``tf_keras/optimizers/sgd.py`` (tf-keras 2.11+).
     """
     as_float_array("param", param)
     check_grad(param, grad)
     check_like(param, "m", m)
     dtype = param.dtype
-    lr = scalar(dtype, learning_rate)
-    mu = scalar(dtype, momentum)
+    lr = tf_cast(dtype, learning_rate)
+    mu = tf_cast(dtype, momentum)
     with np.errstate(all="ignore"):
         if isinstance(grad, IndexedSlices):
             g = grad.deduplicate()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refopt.reference._common import as_float_array, scalar
+from refopt.reference._common import as_float_array, tf_cast
 
 __all__ = ["apply_weight_decay"]
 
@@ -37,7 +37,8 @@ def apply_weight_decay(param, *, learning_rate, weight_decay):
 
     Notes
     -----
-    Computed in the dtype of ``param`` as ``w - (w * dtype(wd)) * dtype(lr)``, left to right,
+    Computed in the dtype of ``param`` as ``w - (w * wd) * lr``, left to right, with ``wd`` and
+    ``lr`` converted through float32 as ``tf.cast`` does,
     as ``variable.assign_sub(variable * wd * lr)`` in tf-keras. ``LazyAdam`` calls it on the
     gathered rows of a sparse gradient only, so absent rows are not decayed. The decay is decoupled from
     the gradient (Loshchilov & Hutter) and multiplied by the learning rate, like PyTorch's
@@ -45,7 +46,7 @@ def apply_weight_decay(param, *, learning_rate, weight_decay):
     """
     as_float_array("param", param)
     dtype = param.dtype
-    wd = scalar(dtype, weight_decay)
-    lr = scalar(dtype, learning_rate)
+    wd = tf_cast(dtype, weight_decay)
+    lr = tf_cast(dtype, learning_rate)
     with np.errstate(all="ignore"):
         return np.asarray(param - param * wd * lr)
