@@ -123,9 +123,11 @@ class IndexedSlices:
         Returns
         -------
         IndexedSlices
-            A new object with unique ``indices`` in order of first appearance and, for each,
+            An object with unique ``indices`` in order of first appearance and, for each,
             the sum of its rows, accumulated from zero in order of appearance (``0 + v_a + v_b
             + ...`` in the dtype of ``values``). Indices become int64. Inputs are not modified.
+            The result remembers that it is deduplicated: deduplicating it again returns it
+            unchanged (the same object), so a pipeline pays for the summation once.
 
         Notes
         -----

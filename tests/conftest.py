@@ -1,0 +1,31 @@
+import os
+
+from hypothesis import settings
+
+# Hypothesis profiles, chosen with REFOPT_HYPOTHESIS_PROFILE (default "ci"):
+#   ci  - deterministic (examples derived from each test's source, no example database), about
+#         60 examples per test, no deadline (CI machines are slow and noisy), and a reproduction
+#         blob printed with every failure.
+#   dev - 1000 random examples per test, for a thorough local search.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    max_examples=60,
+    deadline=None,
+    print_blob=True,
+)
+settings.register_profile(
+    "dev",
+    max_examples=1000,
+    deadline=None,
+    print_blob=True,
+)
+
+_PROFILE = os.environ.get("REFOPT_HYPOTHESIS_PROFILE", "ci")
+if _PROFILE not in ("ci", "dev"):
+    raise ValueError(
+        "REFOPT_HYPOTHESIS_PROFILE must be 'ci' or 'dev'. "
+        f"Received: REFOPT_HYPOTHESIS_PROFILE={_PROFILE!r}"
+    )
+settings.load_profile(_PROFILE)
