@@ -25,7 +25,8 @@ class IndexedSlices:
         its dtype must be a floating dtype (float16, float32 or float64).
     indices : array_like of int, shape ``(n,)``
         Row numbers, each in ``[0, dense_shape[0])``. Duplicates are allowed and mean "sum".
-        Any integer dtype is accepted; ``n`` may be 0 (an empty gradient).
+        Any integer dtype is accepted; ``n`` may be 0 (an empty gradient). They are copied and
+        made read-only, so validated indices cannot be changed afterwards.
     dense_shape : tuple of int
         Shape of the dense tensor (the variable), at least one dimension.
 
@@ -55,7 +56,7 @@ class IndexedSlices:
            [0., 0.]])
     """
 
-    __slots__ = ("values", "indices", "dense_shape", "_unique")
+    __slots__ = ("_values", "_indices", "_dense_shape", "_unique")
 
     def __init__(self, values, indices, dense_shape):
         try:
@@ -76,7 +77,9 @@ class IndexedSlices:
             )
         dense_shape = tuple(int(d) for d in dense_shape)
 
-        indices = np.asarray(indices)
+        indices = np.array(indices)  # a private copy: validated indices cannot change later
+        if indices.size == 0 and indices.dtype.kind == "f":
+            indices = indices.astype(np.int64)  # np.array([]) is float64; an empty list is fine
         if indices.dtype.kind not in "iu":
             raise TypeError(
                 "`indices` must have an integer dtype. "
@@ -107,10 +110,26 @@ class IndexedSlices:
                     f"`indices` must lie in [0, {dense_shape[0]}) (dense_shape[0]). "
                     f"Received: indices[{first}]={int(indices[first])}"
                 )
-        self.values = values
-        self.indices = indices
-        self.dense_shape = dense_shape
+        indices.flags.writeable = False
+        self._values = values
+        self._indices = indices
+        self._dense_shape = dense_shape
         self._unique = False  # set by deduplicate(): deduplicating again returns self
+
+    @property
+    def values(self):
+        """ndarray: the rows, shape ``(n,) + dense_shape[1:]`` (the caller's array, not copied)."""
+        return self._values
+
+    @property
+    def indices(self):
+        """ndarray of int, shape ``(n,)``: a validated, read-only copy of the row numbers."""
+        return self._indices
+
+    @property
+    def dense_shape(self):
+        """tuple of int: the shape of the dense tensor."""
+        return self._dense_shape
 
     @property
     def dtype(self):

@@ -180,8 +180,11 @@ def test_iterations_not_settable_after_build():
     opt = refopt.SGD()
     opt.iterations = 5
     assert opt.iterations == 5
-    with pytest.raises(ValueError, match=r"iterations.*>= 0.*Received: iterations=-1"):
+    with pytest.raises(ValueError, match=r"iterations.*\[0, 2\*\*63 - 1\].*Received: iterations=-1"):
         opt.iterations = -1
+    with pytest.raises(ValueError, match=r"Received: iterations=1000000000000000000000"):
+        opt.iterations = 10**21
+    assert opt.iterations == 5
     opt.build([np.ones(2, np.float32)])
     with pytest.raises(RuntimeError, match="Cannot set `iterations`"):
         opt.iterations = 0
@@ -237,3 +240,103 @@ def test_reference_functions_name_the_bad_argument():
         refopt.reference.sgd_update([1.0], z, z, learning_rate=0.1, momentum=0.0)
     with pytest.raises(TypeError, match="`clip_norm` must be a real number"):
         refopt.reference.clip_by_norm(w, "1")
+
+
+# --- regressions from a user trying to break refopt -----------------------------------------
+
+def test_first_call_that_fails_during_the_step_leaves_the_optimizer_unbuilt():
+    # Mixed dtypes under global_clipnorm fail inside the step, after validation (TF refuses
+    # them too). The optimizer must not stay bound to the variables of the failed call.
+    a, b = np.ones(2, np.float16), np.ones(2, np.float32)
+    opt = refopt.Adam(global_clipnorm=1.0)
+    with pytest.raises(TypeError, match="same dtype"):
+        opt.apply_gradients([(np.ones(2, np.float16), a), (np.ones(2, np.float32), b)])
+    assert opt.variables == [np.int64(0)]
+    c = np.ones(3, np.float32)
+    opt.apply_gradients([(np.ones(3, np.float32), c)])  # builds with c, no KeyError
+    assert opt.iterations == 1
+
+
+def test_iterations_setter_changes_nothing_when_the_schedule_fails():
+    opt = refopt.Adam(refopt.schedules.ExponentialDecay(0.1, 10, 1.5))
+    with pytest.raises(ValueError, match="returned inf at step 1000000"):
+        opt.iterations = 10**6
+    assert opt.iterations == 0 and opt.learning_rate == np.float32(0.1)
+
+
+def test_huge_numbers_are_named_errors_not_overflow_errors():
+    with pytest.raises(ValueError, match=r"`epsilon` must be finite. Received: epsilon=1000"):
+        refopt.Adam(epsilon=10**400)
+    with pytest.raises(ValueError, match=r"`learning_rate` must be finite"):
+        refopt.Adam(learning_rate=10**400)
+
+
+def test_float16_overflowing_clip_threshold_does_not_warn():
+    import warnings
+
+    w = np.ones(3, np.float16)
+    # 1e5 rounds to inf in float16, and TF's clip_by_norm then computes (g * inf) / inf = NaN
+    # (the clipnorm=inf behaviour of TF 2.21): silently, as TF does.
+    opt = refopt.Adam(0.1, clipnorm=1e5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.apply_gradients([(np.ones(3, np.float16), w)])
+    assert opt.iterations == 1 and np.isnan(w).all()
+
+
+def test_minimize_and_exclude_refuse_a_single_array_for_a_list():
+    w = np.ones((2, 2), np.float32)
+    opt = refopt.SGD()
+    with pytest.raises(TypeError, match="list of arrays, not a single array"):
+        opt.minimize(lambda: (0.0, [np.ones(2, np.float32)] * 2), w)
+    with pytest.raises(TypeError, match="list of arrays, not a single array"):
+        opt.exclude_from_weight_decay(w)
+    np.testing.assert_array_equal(w, np.ones((2, 2)))
+
+
+def test_indexed_slices_indices_cannot_be_changed_after_validation():
+    g = IndexedSlices(np.ones((1, 2), np.float32), np.array([1]), (4, 2))
+    with pytest.raises(ValueError, match="read-only"):
+        g.indices[0] = -1
+    d = g.deduplicate()
+    with pytest.raises(ValueError, match="read-only"):
+        d.indices[0] = -1
+    with pytest.raises(AttributeError):
+        g.indices = np.array([-1])
+    source = np.array([1])
+    g = IndexedSlices(np.ones((1, 2), np.float32), source, (4, 2))
+    source[0] = -1  # the caller's array is not aliased
+    assert g.indices[0] == 1
+
+
+def test_indexed_slices_accepts_an_empty_python_list_of_indices():
+    g = IndexedSlices(np.zeros((0, 2), np.float32), [], (4, 2))
+    assert g.indices.dtype == np.int64 and g.indices.shape == (0,)
+
+
+REFERENCE_SCALAR_ERRORS = [
+    (lambda w, z: refopt.reference.adam_update(w, z, z, z, learning_rate=None, beta_1=0.9, beta_2=0.999, epsilon=1e-7, step=1),
+     TypeError, r"`learning_rate` must be a real number. Received: learning_rate=None"),
+    (lambda w, z: refopt.reference.adam_update(w, z, z, z, learning_rate=np.ones(3), beta_1=0.9, beta_2=0.999, epsilon=1e-7, step=1),
+     TypeError, r"`learning_rate` must be a real number"),
+    (lambda w, z: refopt.reference.adam_update(w, z, z, z, learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-7, step=0),
+     ValueError, r"`step` must be an integer >= 1. Received: step=0"),
+    (lambda w, z: refopt.reference.adam_update(w, z, z, z, learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-7, step=1.5),
+     ValueError, r"`step` must be an integer >= 1. Received: step=1.5"),
+    (lambda w, z: refopt.reference.sgd_update(w, z, z, learning_rate=0.1, momentum=0.9, nesterov="no"),
+     TypeError, r"`nesterov` must be a bool. Received: nesterov='no'"),
+    (lambda w, z: refopt.reference.ema_update(w, z, ema_momentum="0.5"),
+     TypeError, r"`ema_momentum` must be a real number. Received: ema_momentum='0.5'"),
+    (lambda w, z: refopt.reference.clip_by_global_norm([w], 1.0, use_norm="3"),
+     TypeError, r"`use_norm` must be a real number"),
+    (lambda w, z: refopt.reference.apply_weight_decay(w, learning_rate=0.1, weight_decay=True),
+     TypeError, r"`weight_decay` must be a real number"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(REFERENCE_SCALAR_ERRORS)))
+def test_reference_functions_validate_their_scalars(case):
+    call, exc, pattern = REFERENCE_SCALAR_ERRORS[case]
+    w, z = np.ones(3, np.float32), np.zeros(3, np.float32)
+    with pytest.raises(exc, match=pattern):
+        call(w, z)

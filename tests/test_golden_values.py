@@ -320,3 +320,15 @@ def test_float64_hyperparameters_go_through_float32_as_tf_cast(make, steps, grad
 def test_schedule_pow_is_the_c_library_powf():
     s = refopt.schedules.ExponentialDecay(0.018287960217785164, 28.280102444736478, 0.5942197403236961)
     assert s(10) == np.float32(0.01521359)
+
+
+def test_numpy_float64_hyperparameters_keep_their_precision_on_float64_variables():
+    # tf.cast(np.float64(0.8), tf.float64) is exact, unlike a Python 0.8 (via float32):
+    # tf-keras 2.21 gives 0.9000012746895992 for beta_1=np.float64(0.8), and
+    # 0.9000012687292104 for beta_1=0.8.
+    w = np.array([1.0, 2.0])
+    refopt.Adam(0.1, beta_1=np.float64(0.8)).apply_gradients([(np.array([0.5, -0.5]), w)])
+    assert float(w[0]) == 0.9000012746895992
+    w = np.array([1.0, 2.0])
+    refopt.Adam(0.1, beta_1=0.8).apply_gradients([(np.array([0.5, -0.5]), w)])
+    assert float(w[0]) == 0.9000012687292104

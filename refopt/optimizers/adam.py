@@ -88,8 +88,8 @@ class Adam(Optimizer):
             **kwargs,
         )
 
-    def _slot_names(self):
-        return ("m", "v", "vhat") if self.amsgrad else ("m", "v")
+    def _slot_groups(self):
+        return (("m", "v"), ("vhat",)) if self.amsgrad else (("m", "v"),)
 
     def _update_step(self, param, grad, slots, learning_rate, step):
         r = self._kernels.adam_update(

@@ -36,6 +36,7 @@ BACKENDS = ("reference", "cpu", "cuda")
 #: Conventions that exist or are planned; only "tf_keras" is built in this version.
 CONVENTIONS = ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax")
 
+_INT64_MAX = 2**63 - 1
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 # Keyword arguments the legacy Keras optimizer took and tf-keras 2.11+ refuses with ValueError.
 _LEGACY_KWARGS = ("decay", "gradient_aggregator", "gradient_transformers")
@@ -83,7 +84,11 @@ def check_real(name, value, *, low=None, high=None, low_open=False, high_open=Fa
         return None
     if not _is_real(value):
         raise TypeError(f"`{name}` must be a real number. Received: {name}={value!r}")
-    if not math.isfinite(float(value)):
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
         raise ValueError(f"`{name}` must be finite. Received: {name}={value!r}")
     v = float(value)
     bad_low = low is not None and (v <= low if low_open else v < low)
@@ -247,12 +252,17 @@ class Optimizer:
         self._learning_rate = None
         self._current_learning_rate = None
         self.learning_rate = learning_rate
+        self._reset_state()
+        self._exclude_ids = set()
+        self._exclude_refs = []
+
+    def _reset_state(self):
+        """Forget every variable and slot: the state of an optimizer never built."""
         self._built = False
         self._vars = []
         self._index = {}
         self._slots = {}
         self._averages = []
-        self._exclude_ids = set()
 
     # ----------------------------------------------------------------- properties
     @property
@@ -273,21 +283,27 @@ class Optimizer:
         if (
             not isinstance(value, numbers.Integral)
             or isinstance(value, (bool, np.bool_))
-            or value < 0
+            or not 0 <= value <= _INT64_MAX
         ):
-            raise ValueError(f"`iterations` must be an integer >= 0. Received: iterations={value!r}")
-        self._iterations = int(value)
+            raise ValueError(
+                "`iterations` must be an integer in [0, 2**63 - 1] (tf-keras' counter is an "
+                f"int64). Received: iterations={value!r}"
+            )
+        value = int(value)
         if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
-            self._current_learning_rate = self._evaluate_schedule(self._learning_rate)
+            current = self._evaluate_schedule(self._learning_rate, value)
+            self._current_learning_rate = current
+        self._iterations = value
 
     @property
     def learning_rate(self):
-        """float: the learning rate of the next step, rounded to float32.
+        """float: the learning rate, rounded to float32.
 
-        With a schedule, the schedule's value at the last step (evaluated at the pre-increment
-        ``iterations``; at construction, at the initial ``iterations``). Setting a float is
-        refused with ``TypeError`` when the optimizer was created with a schedule (tf-keras'
-        rule); setting a schedule is always allowed.
+        With a float learning rate, its value. With a schedule, as tf-keras: the value the
+        schedule gave for the most recent step (evaluated at that step's pre-increment
+        ``iterations``), or, before any step, its value at the current ``iterations``. Setting
+        a float is refused with ``TypeError`` when the optimizer was created with a schedule
+        (tf-keras' rule); setting a schedule is always allowed.
         """
         if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
             return self._current_learning_rate
@@ -320,27 +336,33 @@ class Optimizer:
             )
         self._learning_rate = rounded
 
-    def _evaluate_schedule(self, schedule):
-        value = float(np.float32(schedule(self._iterations)))
+    def _evaluate_schedule(self, schedule, step=None):
+        step = self._iterations if step is None else step
+        with np.errstate(over="ignore"):
+            value = float(np.float32(schedule(step)))
         if not math.isfinite(value) or value < 0:
             raise ValueError(
                 f"The learning-rate schedule {type(schedule).__name__} returned "
-                f"{value!r} at step {self._iterations}; a learning rate must be finite and >= 0."
+                f"{value!r} at step {step}; a learning rate must be finite and >= 0."
             )
         return value
 
     @property
     def variables(self):
-        """list: the optimizer's state, in tf-keras order.
+        """list: the optimizer's state, in the order of tf-keras' ``optimizer.variables``.
 
-        ``[iterations, *ema_averages, *slots]`` where ``iterations`` is a snapshot
-        (``numpy.int64``), and the averages and slots (e.g. all ``m``, then all ``v``, then all
-        ``vhat``) are the live arrays, one per built variable in build order.
+        ``[iterations, *ema_averages, *slots]``: ``iterations`` is a snapshot
+        (``numpy.int64``); the averages (one per built variable, in build order) and slots are
+        the live arrays. Slots come in the groups of :meth:`_slot_groups`, interleaved per
+        variable within a group as tf-keras creates them: Adam gives ``m_a, v_a, m_b, v_b``,
+        then ``vhat_a, vhat_b``; SGD ``m_a, m_b``.
         """
         out = [np.int64(self._iterations)]
         out.extend(self._averages)
-        for name in self._slot_names():
-            out.extend(self._slots.get(name, []))
+        if self._built:
+            for group in self._slot_groups():
+                for i in range(len(self._vars)):
+                    out.extend(self._slots[name][i] for name in group)
         return out
 
     def get_slot(self, var, slot_name):
@@ -362,9 +384,13 @@ class Optimizer:
         return self._slots[slot_name][i]
 
     # ----------------------------------------------------------------- subclass API
-    def _slot_names(self):
-        """Names of the per-variable state arrays, in build order."""
+    def _slot_groups(self):
+        """Slot names in tf-keras creation order: a tuple of groups, each interleaved per variable."""
         raise NotImplementedError
+
+    def _slot_names(self):
+        """Names of the per-variable state arrays."""
+        return tuple(name for group in self._slot_groups() for name in group)
 
     def _update_step(self, param, grad, slots, learning_rate, step):
         """Return ``(new_param, {slot: new_array})`` for one variable; must not mutate."""
@@ -468,8 +494,9 @@ class Optimizer:
             raise ValueError(
                 "`exclude_from_weight_decay()` can only be configured before the optimizer is built."
             )
-        self._exclude_ids = {id(v) for v in (var_list or [])}
-        self._exclude_refs = list(var_list or [])  # keep ids alive
+        var_list = [] if var_list is None else self._check_var_list(var_list)
+        self._exclude_ids = {id(v) for v in var_list}
+        self._exclude_refs = var_list  # keeps the ids alive
 
     # ----------------------------------------------------------------- the step
     def _check_pairs(self, grads_and_vars):
@@ -572,6 +599,11 @@ class Optimizer:
             else self._learning_rate
         )
         pairs = self._check_pairs(grads_and_vars)
+        if pairs and self._iterations >= _INT64_MAX:
+            raise OverflowError(
+                f"`iterations` is {self._iterations}; one more step would overflow tf-keras' "
+                "int64 counter."
+            )
         if not pairs:
             if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
                 self._current_learning_rate = lr_value  # tf-keras evaluates it before the check
@@ -593,9 +625,16 @@ class Optimizer:
                 UserWarning,
                 stacklevel=2,
             )
-        if not self._built:
+        building = not self._built
+        if building:
             self.build([v for _, v in pairs])
-        new_values = self._compute_step(present, lr_value)
+        try:
+            with np.errstate(all="ignore"):  # NaN and inf propagate silently, as in TensorFlow
+                new_values = self._compute_step(present, lr_value)
+        except BaseException:
+            if building:  # the call changes nothing, not even the build
+                self._reset_state()
+            raise
         # Commit: nothing above has modified any array; nothing below can fail.
         for var, (param, slots, average, rows) in new_values.items():
             i = self._index[var]
@@ -692,7 +731,7 @@ class Optimizer:
                 "`loss_and_grads_fn` must be a callable returning (loss, grads). "
                 f"Received: {type(loss_and_grads_fn).__name__}"
             )
-        var_list = list(var_list)
+        var_list = self._check_var_list(var_list)
         result = loss_and_grads_fn()
         try:
             loss, grads = result

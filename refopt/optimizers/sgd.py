@@ -77,8 +77,8 @@ class SGD(Optimizer):
             **kwargs,
         )
 
-    def _slot_names(self):
-        return ("m",)
+    def _slot_groups(self):
+        return (("m",),)
 
     def _update_step(self, param, grad, slots, learning_rate, step):
         r = self._kernels.sgd_update(

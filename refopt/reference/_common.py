@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
@@ -47,24 +49,66 @@ def check_grad(param, grad):
     return grad
 
 
+def check_scalar(name, x):
+    """Check that hyperparameter ``x`` is a real number (Python or NumPy scalar, not bool)."""
+    if (
+        not isinstance(x, numbers.Real)
+        or isinstance(x, (bool, np.bool_))
+        or (isinstance(x, np.ndarray))
+    ):
+        raise TypeError(f"`{name}` must be a real number. Received: {name}={x!r}")
+    return x
+
+
+def check_step(step):
+    """Check the 1-based time step: an integer >= 1 (int or NumPy integer)."""
+    if (
+        not isinstance(step, numbers.Integral)
+        or isinstance(step, (bool, np.bool_))
+        or step < 1
+    ):
+        raise ValueError(f"`step` must be an integer >= 1. Received: step={step!r}")
+    return step
+
+
+def check_flag(name, x):
+    """Check a boolean flag (Python or NumPy bool)."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be a bool. Received: {name}={x!r}")
+    return bool(x)
+
+
 def scalar(dtype, x):
-    """Convert the Python number ``x`` to ``dtype`` with one rounding.
+    """Convert the number ``x`` to ``dtype`` with one rounding.
 
     What TensorFlow does when a Python float meets a tensor in an operation (``eps + sqrt(v)``,
     ``g * (1 - beta_1)``, ``ema_momentum * average``): the number is converted straight to the
-    tensor's dtype.
+    tensor's dtype. Overflow gives inf silently, as in TensorFlow.
     """
-    return np.dtype(dtype).type(x)
+    with np.errstate(over="ignore"):
+        return np.dtype(dtype).type(x)
 
 
 def tf_cast(dtype, x):
-    """Convert the Python number ``x`` to ``dtype`` as ``tf.cast(x, dtype)`` does: via float32.
+    """Convert the number ``x`` to ``dtype`` as ``tf.cast(x, dtype)`` does.
 
-    ``tf.cast`` first makes a tensor of the Python float, which is float32, then casts it; so
-    for float64 the value is ``float64(float32(x))`` (``tf.cast(0.9, tf.float64)`` is
-    0.8999999761581421) and for float16 it is rounded twice. tf-keras uses ``tf.cast`` for
-    ``beta_1``/``beta_2`` inside the bias-correction powers, for SGD's ``momentum``, for
-    ``weight_decay`` and (from its float32 variable) for the learning rate.
+    ``tf.cast`` first makes a tensor of ``x``. A Python float becomes a float32 tensor, so for
+    float64 the value is ``float64(float32(x))`` (``tf.cast(0.9, tf.float64)`` is
+    0.8999999761581421) and for float16 it is rounded twice. A NumPy scalar keeps its own
+    dtype (``tf.cast(np.float64(0.9), tf.float64)`` is exactly 0.9). tf-keras uses ``tf.cast``
+    for ``beta_1``/``beta_2`` inside the bias-correction powers, for SGD's ``momentum`` and
+    for ``weight_decay``. Note that a configuration saved to JSON turns NumPy floats into
+    Python floats, which changes float64 results here as it does in tf-keras.
     """
     with np.errstate(over="ignore"):
+        if isinstance(x, np.generic):
+            return np.dtype(dtype).type(x)
+        if isinstance(x, numbers.Integral):  # a Python int becomes an int32 tensor: exact
+            return np.dtype(dtype).type(x)
         return np.dtype(dtype).type(np.float32(x))
+
+
+def lr_cast(dtype, learning_rate):
+    """The learning rate as tf-keras sees it: a float32 variable cast to ``dtype``."""
+    with np.errstate(over="ignore"):
+        return np.dtype(dtype).type(np.float32(learning_rate))

@@ -13,7 +13,16 @@ import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
 from refopt import _libm
-from refopt.reference._common import as_float_array, check_grad, check_like, scalar, tf_cast
+from refopt.reference._common import (
+    as_float_array,
+    check_grad,
+    check_like,
+    check_scalar,
+    check_step,
+    lr_cast,
+    scalar,
+    tf_cast,
+)
 
 __all__ = ["AdamResult", "adam_update", "adam_scalars"]
 
@@ -52,20 +61,25 @@ def adam_scalars(dtype, *, learning_rate, beta_1, beta_2, epsilon, step):
     -------
     AdamScalars
         ``alpha = lr * sqrt(1 - b2^t) / (1 - b1^t)`` evaluated left to right in ``dtype``, where
-        ``lr`` and ``b`` are converted as ``tf.cast`` does (through float32: tf-keras keeps the
-        learning rate in a float32 variable and casts ``beta`` with ``tf.cast``), ``t`` is
+        ``lr`` is rounded to float32 first (tf-keras keeps it in a float32 variable), ``b`` is
+        converted as ``tf.cast`` does (:func:`refopt.reference._common.tf_cast`: a Python float
+        goes through float32, a NumPy scalar keeps its dtype), ``t`` is
         ``dtype(step)`` and ``b^t`` is the C library's ``powf``/``pow`` (what ``tf.pow`` calls
         on CPU; NumPy's vectorised ``np.power`` differs in the last bit on some CPUs, e.g.
         0.9**4); ``one_minus_beta_i = dtype(1 - beta_i)`` (the difference taken in float64,
         then rounded once, as tf-keras' Python expression ``1 - self.beta_1``);
         ``epsilon = dtype(epsilon)``.
     """
+    for name, value in (("learning_rate", learning_rate), ("beta_1", beta_1),
+                        ("beta_2", beta_2), ("epsilon", epsilon)):
+        check_scalar(name, value)
+    check_step(step)
     dtype = np.dtype(dtype)
     one = scalar(dtype, 1)
     t = scalar(dtype, step)
     p1 = _libm.power(dtype, tf_cast(dtype, beta_1), t)
     p2 = _libm.power(dtype, tf_cast(dtype, beta_2), t)
-    alpha = tf_cast(dtype, learning_rate) * np.sqrt(one - p2) / (one - p1)
+    alpha = lr_cast(dtype, learning_rate) * np.sqrt(one - p2) / (one - p1)
     return AdamScalars(
         alpha=alpha,
         one_minus_beta_1=scalar(dtype, 1 - beta_1),
@@ -109,7 +123,8 @@ def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, 
     ------
     TypeError, ValueError
         If an array is not a float16/32/64 ndarray, or its shape or dtype differs from
-        ``param``'s. The message names the argument.
+        ``param``'s; if a hyperparameter is not a real number, or ``step`` not an integer
+        >= 1. The message names the argument.
 
     Notes
     -----

@@ -7,12 +7,10 @@ Follows ``tensorflow/python/ops/clip_ops.py`` (``clip_by_value``, ``clip_by_norm
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
-from refopt.reference._common import FLOAT_DTYPES, scalar
+from refopt.reference._common import FLOAT_DTYPES, check_scalar, scalar
 
 __all__ = ["clip_by_value", "clip_by_norm", "global_norm", "clip_by_global_norm"]
 
@@ -33,11 +31,6 @@ def _rewrap(grad, values):
     if isinstance(grad, IndexedSlices):
         return IndexedSlices(values, grad.indices, grad.dense_shape)
     return np.asarray(values)
-
-
-def _check_number(name, x):
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"`{name}` must be a real number. Received: {name}={x!r}")
 
 
 def clip_by_value(grad, clip_value):
@@ -68,7 +61,7 @@ def clip_by_value(grad, clip_value):
     (``tf_keras/optimizers/optimizer.py``).
     """
     values = _values("grad", grad)
-    _check_number("clip_value", clip_value)
+    check_scalar("clip_value", clip_value)
     c = scalar(values.dtype, clip_value)
     with np.errstate(all="ignore"):
         return _rewrap(grad, np.maximum(np.minimum(values, c), -c))
@@ -108,7 +101,7 @@ def clip_by_norm(grad, clip_norm):
     Source: ``tensorflow/python/ops/clip_ops.py`` (``clip_by_norm``).
     """
     values = _values("grad", grad)
-    _check_number("clip_norm", clip_norm)
+    check_scalar("clip_norm", clip_norm)
     dtype = values.dtype
     c = scalar(dtype, max(clip_norm, 0))
     with np.errstate(all="ignore"):
@@ -129,13 +122,13 @@ def global_norm(grads):
     Returns
     -------
     numpy floating scalar
-        In the widest dtype of the gradients (TensorFlow refuses mixed dtypes). 0 for an empty
-        list or one of only ``None``.
+        In the dtype of the gradients. 0 for an empty list or one of only ``None``.
 
     Raises
     ------
     TypeError
-        If ``grads`` is not a sequence or holds something else.
+        If ``grads`` is not a sequence, holds something else, or mixes dtypes (TensorFlow
+        refuses those too).
 
     Notes
     -----
@@ -150,7 +143,13 @@ def global_norm(grads):
     values = [_values(f"grads[{i}]", g) for i, g in enumerate(grads) if g is not None]
     if not values:
         return np.float32(0.0)
-    dtype = np.result_type(*[v.dtype for v in values])
+    dtypes = sorted({v.dtype.name for v in values})
+    if len(dtypes) > 1:
+        raise TypeError(
+            "All gradients of a global norm must have the same dtype (TensorFlow refuses to "
+            f"stack mixed dtypes). Received dtypes {dtypes}"
+        )
+    dtype = values[0].dtype
     with np.errstate(all="ignore"):
         halves = [
             dtype.type(np.sum(v * v * scalar(v.dtype, 0.5), dtype=v.dtype)) for v in values
@@ -181,7 +180,8 @@ def clip_by_global_norm(grads, clip_norm, use_norm=None):
     Raises
     ------
     TypeError
-        If ``grads`` is not a sequence of gradients or ``clip_norm`` not a number.
+        If ``grads`` is not a sequence of gradients of one dtype, or ``clip_norm`` or
+        ``use_norm`` not a number.
 
     Notes
     -----
@@ -204,7 +204,9 @@ def clip_by_global_norm(grads, clip_norm, use_norm=None):
 
     Source: ``tensorflow/python/ops/clip_ops.py`` (``clip_by_global_norm``).
     """
-    _check_number("clip_norm", clip_norm)
+    check_scalar("clip_norm", clip_norm)
+    if use_norm is not None:
+        check_scalar("use_norm", use_norm)
     norm = global_norm(grads) if use_norm is None else use_norm
     dtype = np.asarray(norm).dtype
     if dtype not in FLOAT_DTYPES:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refopt.reference._common import as_float_array, check_like, scalar
+from refopt.reference._common import as_float_array, check_like, check_scalar, scalar
 
 __all__ = ["ema_update"]
 
@@ -32,7 +32,8 @@ def ema_update(average, param, *, ema_momentum):
     Raises
     ------
     TypeError, ValueError
-        If an array is not a float16/32/64 ndarray, or the two do not match.
+        If an array is not a float16/32/64 ndarray, the two do not match, or
+        ``ema_momentum`` is not a real number.
 
     Notes
     -----
@@ -44,6 +45,7 @@ def ema_update(average, param, *, ema_momentum):
     """
     as_float_array("average", average)
     check_like(average, "param", param)
+    check_scalar("ema_momentum", ema_momentum)
     dtype = average.dtype
     mu = scalar(dtype, ema_momentum)
     one_minus_mu = scalar(dtype, 1 - ema_momentum)

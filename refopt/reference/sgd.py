@@ -10,7 +10,15 @@ from typing import NamedTuple
 import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
-from refopt.reference._common import as_float_array, check_grad, check_like, tf_cast
+from refopt.reference._common import (
+    as_float_array,
+    check_flag,
+    check_grad,
+    check_like,
+    check_scalar,
+    lr_cast,
+    tf_cast,
+)
 
 __all__ = ["SGDResult", "sgd_update"]
 
@@ -49,7 +57,8 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
     Raises
     ------
     TypeError, ValueError
-        If an array is not a float16/32/64 ndarray or does not match ``param``.
+        If an array is not a float16/32/64 ndarray or does not match ``param``, a
+        hyperparameter is not a real number, or ``nesterov`` not a bool.
 
     Notes
     -----
@@ -65,16 +74,19 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
     ``w[idx] += (-g)*eta`` followed by ``w <- w + m*mu``. Convention difference: PyTorch keeps
     ``b = mu*b + g`` and steps ``w -= lr*b`` (velocity without the learning rate).
 
-    ``learning_rate`` and ``momentum`` are converted to the dtype through float32, as
-    ``tf.cast`` does (see :func:`refopt.reference.adam_scalars`).
+    ``learning_rate`` is rounded to float32 first (tf-keras' float32 variable) and
+    ``momentum`` converted as ``tf.cast`` does (see :func:`refopt.reference.adam_scalars`).
 
     Source: ``tf_keras/optimizers/sgd.py`` (tf-keras 2.11+).
     """
     as_float_array("param", param)
     check_grad(param, grad)
     check_like(param, "m", m)
+    check_scalar("learning_rate", learning_rate)
+    check_scalar("momentum", momentum)
+    nesterov = check_flag("nesterov", nesterov)
     dtype = param.dtype
-    lr = tf_cast(dtype, learning_rate)
+    lr = lr_cast(dtype, learning_rate)
     mu = tf_cast(dtype, momentum)
     with np.errstate(all="ignore"):
         if isinstance(grad, IndexedSlices):

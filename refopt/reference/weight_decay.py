@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refopt.reference._common import as_float_array, tf_cast
+from refopt.reference._common import as_float_array, check_scalar, lr_cast, tf_cast
 
 __all__ = ["apply_weight_decay"]
 
@@ -33,20 +33,22 @@ def apply_weight_decay(param, *, learning_rate, weight_decay):
     Raises
     ------
     TypeError
-        If ``param`` is not a float16/32/64 ndarray.
+        If ``param`` is not a float16/32/64 ndarray or a hyperparameter not a real number.
 
     Notes
     -----
-    Computed in the dtype of ``param`` as ``w - (w * wd) * lr``, left to right, with ``wd`` and
-    ``lr`` converted through float32 as ``tf.cast`` does,
+    Computed in the dtype of ``param`` as ``w - (w * wd) * lr``, left to right, with ``lr``
+    rounded to float32 first and ``wd`` converted as ``tf.cast`` does,
     as ``variable.assign_sub(variable * wd * lr)`` in tf-keras. ``LazyAdam`` calls it on the
     gathered rows of a sparse gradient only, so absent rows are not decayed. The decay is decoupled from
     the gradient (Loshchilov & Hutter) and multiplied by the learning rate, like PyTorch's
     ``AdamW``; TF-Addons' ``AdamW`` does *not* multiply by the learning rate.
     """
     as_float_array("param", param)
+    check_scalar("learning_rate", learning_rate)
+    check_scalar("weight_decay", weight_decay)
     dtype = param.dtype
     wd = tf_cast(dtype, weight_decay)
-    lr = tf_cast(dtype, learning_rate)
+    lr = lr_cast(dtype, learning_rate)
     with np.errstate(all="ignore"):
         return np.asarray(param - param * wd * lr)
