@@ -55,7 +55,8 @@ __all__ = [
 #: What :func:`load_corpus` calls the embedded default corpus.
 DEFAULT_CORPUS_NAME = "pydoc_data.topics (the CPython documentation shipped with Python)"
 
-_WORD = re.compile(r"[a-z]+")
+# Runs of letters in any script (Unicode word characters minus digits and "_").
+_WORD = re.compile(r"[^\W\d_]+")
 
 
 def load_corpus(path=None):
@@ -93,8 +94,8 @@ def load_corpus(path=None):
 def tokenize(text):
     """Split text into lowercase words.
 
-    A word is a maximal run of the ASCII letters ``a``-``z`` after lowercasing; everything else
-    (digits, punctuation, underscores, whitespace, other scripts) separates words.
+    A word is a maximal run of letters (of any script) after lowercasing; everything else
+    (digits, punctuation, underscores, whitespace) separates words.
 
     Parameters
     ----------
@@ -109,6 +110,8 @@ def tokenize(text):
     --------
     >>> tokenize("The __init__() method, e.g. str.Upper!")
     ['the', 'init', 'method', 'e', 'g', 'str', 'upper']
+    >>> tokenize("Привет, мир: alpha12 café")
+    ['привет', 'мир', 'alpha', 'café']
     """
     return _WORD.findall(text.lower())
 

@@ -954,13 +954,15 @@ def serialize(schedule):
     return {"class_name": type(schedule).__name__, "config": schedule.get_config()}
 
 
-def deserialize(config):
-    """Rebuild a built-in schedule from the output of :func:`serialize`.
+def deserialize(config, custom_objects=None):
+    """Rebuild a schedule from the output of :func:`serialize`.
 
     Parameters
     ----------
     config : dict
         ``{"class_name": str, "config": dict}``; other keys are ignored.
+    custom_objects : dict of str to type, optional
+        Your own :class:`LearningRateSchedule` subclasses by class name, as in Keras.
 
     Returns
     -------
@@ -970,14 +972,15 @@ def deserialize(config):
     Raises
     ------
     ValueError
-        If ``config`` is not such a dict or ``class_name`` is not one of the six schedules.
+        If ``config`` is not such a dict or ``class_name`` is neither one of the six schedules
+        nor in ``custom_objects``.
     TypeError, ValueError
         As the schedule's constructor does for invalid arguments.
 
     Notes
     -----
     Follows ``deserialize`` in ``tf_keras/optimizers/schedules/learning_rate_schedule.py`` for the
-    built-in schedules only (no ``custom_objects``).
+    built-in schedules and ``custom_objects``.
     """
     if not (
         isinstance(config, dict)
@@ -989,7 +992,7 @@ def deserialize(config):
             f"Received: config={config!r}"
         )
     class_name = config["class_name"]
-    cls = _SCHEDULES.get(class_name)
+    cls = (custom_objects or {}).get(class_name) or _SCHEDULES.get(class_name)
     if cls is None:
         raise ValueError(
             f"Unknown learning rate schedule: class_name={class_name!r}. "

@@ -39,7 +39,11 @@ def test_tokenize_lowercases_and_splits_on_everything_but_letters():
 
 def test_tokenize_without_letters_is_empty():
     assert tokenize("") == []
-    assert tokenize("123 -- 4.56 ___ \u00e9\u00e8") == []
+    assert tokenize("123 -- 4.56 ___ ,.;") == []
+
+
+def test_tokenize_keeps_letters_of_any_script():
+    assert tokenize("\u00c9t\u00e9 \u041c\u0438\u0440 x1y") == ["\u00e9t\u00e9", "\u043c\u0438\u0440", "x", "y"]
 
 
 # --- vocabulary and subsampling ---------------------------------------------------------------
@@ -313,3 +317,21 @@ def test_main_without_command_returns_2_and_prints_help(capsys):
 def test_main_help_returns_0(capsys):
     assert main(["demo", "--help"]) == 0
     assert "--backend" in capsys.readouterr().out
+
+
+def test_demo_with_one_epoch_reports_the_loss_without_a_trend(capsys):
+    assert main(["demo", "--max-tokens", "3000", "--epochs", "1", "--dim", "8", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "after one epoch" in out and "did NOT fall" not in out
+
+
+def test_demo_refuses_an_output_path_that_is_a_directory_before_training(tmp_path, capsys):
+    (tmp_path / "embeddings.npz").mkdir()
+    assert main(["demo", "--max-tokens", "3000", "--epochs", "1", "--out", str(tmp_path), "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert "is a directory" in captured.err and "epoch" not in captured.out
+
+
+def test_demo_names_the_learning_rate_option_when_it_is_refused(capsys):
+    assert main(["demo", "--max-tokens", "3000", "--learning-rate", "1e39", "--quiet"]) == 2
+    assert "--learning-rate" in capsys.readouterr().err

@@ -217,3 +217,27 @@ def test_indexed_slices_deduplicate_keeps_first_appearance_order_and_sums_in_ord
     np.testing.assert_array_equal(d.to_dense()[:, 0], [4, 0, 2, 0, 0, 4])
     np.testing.assert_array_equal(g.to_dense(), d.to_dense())
     assert "IndexedSlices(values=" in repr(g) and d.dtype == np.float32
+
+
+class HalvingSchedule(schedules.LearningRateSchedule):
+    def __init__(self, initial_learning_rate):
+        self.initial_learning_rate = initial_learning_rate
+
+    def __call__(self, step):
+        return np.float32(self.initial_learning_rate) / np.float32(2.0) ** np.float32(step)
+
+    def get_config(self):
+        return {"initial_learning_rate": self.initial_learning_rate}
+
+
+def test_custom_schedule_round_trips_with_custom_objects():
+    opt = refopt.SGD(learning_rate=HalvingSchedule(1.0))
+    config = opt.get_config()
+    with pytest.raises(ValueError, match="Unknown learning rate schedule"):
+        refopt.SGD.from_config(config)
+    clone = refopt.SGD.from_config(config, custom_objects={"HalvingSchedule": HalvingSchedule})
+    w1, w2 = np.zeros(1, F32), np.zeros(1, F32)
+    for _ in range(3):
+        opt.apply_gradients([(np.ones(1, F32), w1)])
+        clone.apply_gradients([(np.ones(1, F32), w2)])
+    assert w1[0] == w2[0] == -1.75  # 1 + 0.5 + 0.25

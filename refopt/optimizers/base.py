@@ -795,11 +795,18 @@ class Optimizer:
         }
 
     @classmethod
-    def from_config(cls, config):
-        """Create an optimizer from :meth:`get_config`'s dict (a schedule dict is deserialized)."""
+    def from_config(cls, config, custom_objects=None):
+        """Create an optimizer from :meth:`get_config`'s dict.
+
+        A schedule dict under ``learning_rate`` is deserialized with
+        :func:`refopt.schedules.deserialize`; ``custom_objects`` maps class names to your own
+        schedule classes, as in Keras.
+        """
         config = dict(config)
         if isinstance(config.get("learning_rate"), dict):
-            config["learning_rate"] = _schedules.deserialize(config["learning_rate"])
+            config["learning_rate"] = _schedules.deserialize(
+                config["learning_rate"], custom_objects=custom_objects
+            )
         return cls(**config)
 
     def __repr__(self):
