@@ -1,0 +1,41 @@
+"""The CPU backend: Numba kernels with the reference's functions, signatures and results.
+
+``refopt.kernels.cpu`` exposes the same public functions as :mod:`refopt.reference`, with the
+same signatures, the same errors and bit-identical results in float32 and float64 (norms
+within 1 ulp; float16 is computed by the reference, Numba having no float16 arithmetic on the
+CPU). They are pure like the reference (new arrays, inputs untouched), which makes them easy
+to compare; the optimizers with ``backend="cpu"`` call the same kernels in place, fused and
+over all tensors of a dtype at once (see :mod:`refopt.optimizers.base`).
+
+Importing this module imports Numba but compiles nothing: every kernel compiles (or loads
+from Numba's on-disk cache) on its first call for a dtype.
+"""
+
+from refopt.reference.adam import AdamResult, adam_scalars
+from refopt.reference.sgd import SGDResult
+from refopt.kernels.cpu.adam import adam_update
+from refopt.kernels.cpu.clipping import (
+    clip_by_global_norm,
+    clip_by_norm,
+    clip_by_value,
+    global_norm,
+)
+from refopt.kernels.cpu.ema import ema_update
+from refopt.kernels.cpu.lazy_adam import lazy_adam_update
+from refopt.kernels.cpu.sgd import sgd_update
+from refopt.kernels.cpu.weight_decay import apply_weight_decay
+
+__all__ = [
+    "AdamResult",
+    "SGDResult",
+    "adam_scalars",
+    "adam_update",
+    "apply_weight_decay",
+    "clip_by_global_norm",
+    "clip_by_norm",
+    "clip_by_value",
+    "ema_update",
+    "global_norm",
+    "lazy_adam_update",
+    "sgd_update",
+]

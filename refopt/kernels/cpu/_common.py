@@ -1,0 +1,70 @@
+"""Shared helpers of the CPU backend: argument checks (the reference's own), scalar tables.
+
+The checks and the scalar rounding are those of :mod:`refopt.reference._common`, imported
+rather than rewritten, so that both backends accept and refuse exactly the same arguments and
+round every hyperparameter the same way before it reaches a kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refopt.reference._common import (  # noqa: F401  (re-exported for the kernels' modules)
+    FLOAT_DTYPES,
+    as_float_array,
+    check_flag,
+    check_grad,
+    check_like,
+    check_scalar,
+    check_step,
+    lr_cast,
+    scalar,
+    tf_cast,
+)
+from refopt.kernels.cpu import _kernels as K
+
+#: float16 is computed by the reference (Numba has no float16 arithmetic on the CPU).
+FALLBACK_DTYPES = (np.dtype(np.float16),)
+
+
+def flags(*, ams=False, clip=0, ema=False, overwrite=False):
+    """The int64 flag array of a kernel call (layout ``_kernels.F_*``)."""
+    fl = np.zeros(K.N_FLAGS, np.int64)
+    fl[K.F_AMS] = ams
+    fl[K.F_CLIP] = clip
+    fl[K.F_EMA] = ema
+    fl[K.F_OVERWRITE] = overwrite
+    return fl
+
+
+def scalars(dtype, **values):
+    """The scalar array of a kernel call (layout ``_kernels.S_*``), every entry in ``dtype``.
+
+    ``values`` maps lower-case names (``lr``, ``wd``, ``alpha``, ``c1``, ``c2``, ``eps``,
+    ``clip``, ``gscale``, ``mu``, ``omu``) to numbers already rounded by the caller; the
+    others are 0 (``gscale`` 1).
+    """
+    sc = np.zeros(K.N_SCALARS, dtype)
+    sc[K.S_GSCALE] = 1
+    for name, value in values.items():
+        sc[getattr(K, "S_" + name.upper())] = value
+    return sc
+
+
+def c_copy(a):
+    """A new C-contiguous copy of ``a`` (the kernels' in-place output buffers)."""
+    return np.array(a, order="C", copy=True)
+
+
+def table(*arrays):
+    """``(addresses, counts)`` int64 arrays of C-contiguous arrays, for the multi-tensor kernels."""
+    addr = np.array([a.ctypes.data for a in arrays], np.int64)
+    cnt = np.array([a.size for a in arrays], np.int64)
+    return addr, cnt
+
+
+def rows2d(a):
+    """A C-contiguous ``(rows, row_size)`` view (or copy) of a table or of sparse values."""
+    a = np.ascontiguousarray(a)
+    width = int(np.prod(a.shape[1:], dtype=np.int64))
+    return a.reshape(a.shape[0], width)
