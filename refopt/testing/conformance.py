@@ -37,8 +37,11 @@ Every refopt optimizer class is such a factory: ``assert_conforms(refopt.Adam)``
 - ``grads``: list of ndarray or IndexedSlices, one per variable;
 - ``state``: list (one per variable) of dicts ``{name: ndarray}`` holding the slots of the
   candidate's names (zeros before step 1; EMA averages start as copies of the variables);
-- ``hyper``: the constructor arguments as in (a), except that ``learning_rate`` is the float
-  that this step uses (a schedule already evaluated at ``t - 1``, rounded to float32);
+- ``hyper``: every hyperparameter of the refopt optimizer (its ``get_config()`` without
+  ``name``, ``backend``, ``convention``, ``jit_compile``, ``is_legacy_optimizer``: refopt's
+  defaults included, e.g. ``weight_decay=None``, ``use_ema=False``), except that
+  ``learning_rate`` is the float that this step uses (a schedule already evaluated at
+  ``t - 1``, rounded to float32);
 - ``t``: the 1-based step number (refopt's ``iterations + 1``);
 
 and returns the new variables (list of arrays) and the new state (same structure).
@@ -83,6 +86,7 @@ __all__ = ["ConformanceError", "assert_conforms", "check_trajectory", "ulp_dista
 
 _INT_VIEW = {2: np.int16, 4: np.int32, 8: np.int64}
 _VARY = ("weight_decay", "clipping", "ema", "schedules")
+_NOT_HYPERPARAMETERS = ("name", "jit_compile", "is_legacy_optimizer", "backend", "convention")
 
 
 class ConformanceError(AssertionError):
@@ -298,6 +302,9 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
     ref.build(ref_vars)
     compared = [(n, smap.get(n, n)) for n in slot_names(ref) if smap.get(n, n) is not None]
     n_vars = len(ref_vars)
+    full_config = {k: v for k, v in ref.get_config().items() if k not in _NOT_HYPERPARAMETERS}
+    if "learning_rate" in trajectory.config:  # the schedule object, not its serialized dict
+        full_config["learning_rate"] = trajectory.config["learning_rate"]
     title = (f"candidate {_name(candidate)} does not conform to refopt {trajectory.optimizer} "
              f"(convention {trajectory.convention!r}, {trajectory.dtype.name}, tolerance "
              f"{tolerance_ulp} ulp)")
@@ -307,8 +314,8 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
         if hyper is not None:
             text.append(f"hyperparameters of this step: {hyper}")
         if before is not None:
-            text.append(f"state before step {step} (the reference's; the candidate was resynced "
-                        "to it):")
+            text.append(f"state before step {step} (the reference's; the candidate started from "
+                        "it too):")
             text += _state_lines(before, compared)
         text.append("input:")
         text.append("  " + format_trajectory(trajectory, upto=step).replace("\n", "\n  "))
@@ -331,7 +338,7 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
         before = snapshot(ref, ref_vars)
         ref.apply_gradients(zip([copy_gradient(g) for g in grads], ref_vars))
         after = snapshot(ref, ref_vars)
-        hyper = dict(trajectory.config, learning_rate=ref.learning_rate)
+        hyper = dict(full_config, learning_rate=ref.learning_rate)
         try:
             if kind == "stateful":
                 cand.apply_gradients([(copy_gradient(g), v) for g, v in zip(grads, cand_vars)])
