@@ -6,6 +6,15 @@ Subcommands:
     Train word2vec skip-gram embeddings with :class:`~refopt.LazyAdam` on a real corpus and report
     the loss, nearest neighbours and speed (see :mod:`refopt.demo`).
 
+``refopt golden``
+    Write a trajectory (inputs and refopt's state after every step) to ``.npz`` and JSON, for test
+    suites in other languages (format: :mod:`refopt.testing.golden`).
+
+``refopt check MODULE:OBJECT``
+    Check another implementation against refopt with Hypothesis-generated trajectories
+    (:func:`refopt.testing.assert_conforms`); exit status 0 when it conforms, 1 when it diverges,
+    2 for a usage error.
+
 Adding a subcommand: write ``_add_NAME(subparsers)``, which registers its parser with
 ``set_defaults(handler=_run_NAME)``, and list it in :data:`_SUBCOMMANDS`. A handler takes the parsed
 arguments and returns an exit status; it raises :class:`CommandError` for a failure the user
@@ -16,6 +25,9 @@ exit status 2, argparse's convention for usage errors.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import json
 import os
 import sys
 import time
@@ -367,10 +379,300 @@ def _one_line(exc):
 
 
 # ---------------------------------------------------------------------------------------------
+# options shared by refopt golden and refopt check
+
+_OPTIMIZER_NAMES = ("Adam", "AdamW", "LazyAdam", "SGD")
+_DTYPE_NAMES = ("float16", "float32", "float64")
+
+
+def _setting(text):
+    """``KEY=VALUE`` -> (key, value); VALUE is JSON (0.01, true, null, {...}), else a string."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    words = {"True": True, "False": False, "None": None}
+    if raw.strip() in words:
+        return key, words[raw.strip()]
+    try:
+        return key, json.loads(raw)
+    except ValueError:
+        return key, raw
+
+
+def _add_optimizer_options(p, *, steps_default):
+    p.add_argument(
+        "--optimizer", choices=_OPTIMIZER_NAMES, default="Adam",
+        help="the refopt optimizer (default: %(default)s)",
+    )
+    p.add_argument(
+        "--set", dest="settings", type=_setting, action="append", default=[], metavar="KEY=VALUE",
+        help="a constructor argument of the optimizer, under refopt's name; VALUE is JSON "
+        "(0.01, true, null, or a schedule as {\"class_name\": ..., \"config\": {...}}); repeatable",
+    )
+    p.add_argument(
+        "--convention", default="tf_keras",
+        help="whose numerics (default: %(default)s, the only one built in this version)",
+    )
+    p.add_argument(
+        "--dtype", choices=_DTYPE_NAMES, default="float32",
+        help="dtype of the variables and gradients (default: %(default)s)",
+    )
+    p.add_argument(
+        "--steps", type=_int_at_least(1), default=steps_default, metavar="N",
+        help="number of steps (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed", type=_int_at_least(0), default=0, metavar="N",
+        help="seed of the generated inputs (default: %(default)s)",
+    )
+
+
+def _config(args):
+    """The --set options as a dict, validated by constructing the refopt optimizer."""
+    from refopt.testing.trajectory import optimizer_class
+
+    config = dict(args.settings)
+    cls = optimizer_class(args.optimizer)
+    try:
+        from refopt import schedules
+
+        kwargs = dict(config)
+        if isinstance(kwargs.get("learning_rate"), dict):
+            kwargs["learning_rate"] = schedules.deserialize(kwargs["learning_rate"])
+        cls(**kwargs, convention=args.convention)
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise CommandError(_one_line(exc)) from None
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# refopt golden
+
+
+def _shape(text):
+    text = text.strip()
+    if text in ("", "()", "scalar"):
+        return ()
+    try:
+        shape = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated sizes like 3,4 (or 'scalar'), got {text!r}"
+        ) from None
+    if any(d < 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"sizes must be >= 0, got {text!r}")
+    return shape
+
+
+def _add_golden(subparsers):
+    p = subparsers.add_parser(
+        "golden",
+        help="write a golden trajectory (.npz and JSON) for tests in other languages",
+        description=(
+            "Generate initial variables and gradients from a seed, run them through refopt's "
+            "reference optimizer, and write the inputs and the variables and every state slot "
+            "after each step to PREFIX.npz and PREFIX.json (floats as exact hex strings, "
+            "float.hex). The format is documented in the README (Porting an optimizer) and in "
+            "refopt.testing.golden."
+        ),
+    )
+    _add_optimizer_options(p, steps_default=5)
+    p.add_argument(
+        "--shape", dest="shapes", type=_shape, action="append", metavar="D1,D2,...",
+        help="shape of one variable, e.g. 3,4 ('scalar' for 0-d); repeatable "
+        "(default: one variable of shape 3)",
+    )
+    p.add_argument(
+        "--sparse", action="store_true",
+        help="give every variable of at least one non-empty dimension IndexedSlices gradients "
+        "(random rows, duplicates included)",
+    )
+    p.add_argument("--out", required=True, metavar="PREFIX",
+                   help="write PREFIX.npz and PREFIX.json")
+    p.add_argument(
+        "--format", choices=("both", "json", "npz"), default="both",
+        help="which files to write (default: %(default)s)",
+    )
+    p.set_defaults(handler=_run_golden)
+
+
+def _run_golden(args):
+    from refopt.testing import golden
+
+    config = _config(args)
+    shapes = args.shapes or [(3,)]
+    try:
+        trajectory = golden.make_trajectory(
+            optimizer=args.optimizer, config=config, dtype=args.dtype, shapes=shapes,
+            steps=args.steps, seed=args.seed, sparse=args.sparse, convention=args.convention,
+        )
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise CommandError(_one_line(exc)) from None
+    paths = {}
+    if args.format in ("both", "npz"):
+        paths["npz_path"] = args.out + ".npz"
+    if args.format in ("both", "json"):
+        paths["json_path"] = args.out + ".json"
+    directory = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(directory):
+        raise CommandError(f"--out {args.out}: directory {directory} does not exist")
+    try:
+        doc = golden.write_golden(trajectory, seed=args.seed, **paths)
+    except OSError as exc:
+        raise CommandError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+    kinds = ", ".join(
+        f"{'x'.join(map(str, s)) or 'scalar'} {k}" for s, k in zip(doc["shapes"], doc["gradient_kinds"])
+    )
+    print(f"refopt golden: {args.optimizer} ({args.convention}, {args.dtype}), {len(shapes)} "
+          f"variable(s) [{kinds}], {args.steps} steps, seed {args.seed}, slots "
+          f"{', '.join(doc['slots'])}")
+    for path in paths.values():
+        print(f"wrote {path} ({os.path.getsize(path):,} bytes)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# refopt check
+
+
+def _load_object(spec):
+    """Import ``MODULE:OBJECT`` (MODULE a dotted name or a .py path; OBJECT may be dotted)."""
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise CommandError(f"expected MODULE:OBJECT (e.g. my_port:MyAdam), got {spec!r}")
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            if not os.path.isfile(module_name):
+                raise CommandError(f"no such file: {module_name}")
+            name = os.path.splitext(os.path.basename(module_name))[0]
+            loader_spec = importlib.util.spec_from_file_location(name, module_name)
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module
+            loader_spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.insert(0, os.getcwd())  # as `python -m` would: modules of this folder
+            module = importlib.import_module(module_name)
+    except CommandError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to import is the user's to fix
+        raise CommandError(f"cannot import {module_name}: {type(exc).__name__}: "
+                           f"{_one_line(exc)}") from None
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CommandError(f"module {module_name} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise CommandError(f"{spec} is a {type(obj).__name__}, not a factory or step function")
+    return obj
+
+
+def _names(text):
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _slot_map_option(text):
+    out = {}
+    for item in _names(text):
+        ref, sep, cand = item.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected REF=CANDIDATE pairs, got {item!r}")
+        out[ref.strip()] = None if cand.strip() in ("", "-") else cand.strip()
+    return out
+
+
+def _add_check(subparsers):
+    p = subparsers.add_parser(
+        "check",
+        help="check another optimizer implementation against refopt",
+        description=(
+            "Import OBJECT from MODULE (a factory of stateful optimizers with apply_gradients and "
+            "get_slot, or a step function step(params, grads, state, hyper, t) -> (params, "
+            "state); see refopt.testing.conformance), run Hypothesis-generated trajectories "
+            "through it and through refopt, compare the variables and every state slot after "
+            "each step (resyncing the candidate to refopt after each step), and report the first "
+            "divergence with the shrunk input. Exit status: 0 conforms, 1 diverges, 2 usage error."
+        ),
+    )
+    p.add_argument("target", metavar="MODULE:OBJECT",
+                   help="e.g. my_port:MyAdam or path/to/my_port.py:MyAdam")
+    _add_optimizer_options(p, steps_default=3)
+    p.add_argument(
+        "--max-examples", type=_int_at_least(1), default=50, metavar="N",
+        help="most trajectories tried (default: %(default)s)",
+    )
+    p.add_argument(
+        "--tolerance-ulp", type=_nonnegative_float, default=0, metavar="ULP",
+        help="largest accepted error per element in units in the last place (default: "
+        "%(default)s, bit for bit)",
+    )
+    p.add_argument(
+        "--sparse", action=argparse.BooleanOptionalAction, default=None,
+        help="draw IndexedSlices gradients too (default: only for LazyAdam)",
+    )
+    p.add_argument(
+        "--vary", type=_names, default=(), metavar="OPTION,...",
+        help="pipeline options to draw as well: weight_decay, clipping, ema, schedules",
+    )
+    p.add_argument(
+        "--slot-map", type=_slot_map_option, default=None, metavar="REF=NAME,...",
+        help="refopt slot names to the candidate's, e.g. m=exp_avg,v=exp_avg_sq (NAME empty: "
+        "do not compare); default: the object's slot_map attribute, else the same names",
+    )
+    p.add_argument(
+        "--kind", choices=("auto", "stateful", "step"), default="auto",
+        help="how to call OBJECT (default: auto: a class or a callable taking **kwargs is a "
+        "factory, anything else a step function)",
+    )
+    p.set_defaults(handler=_run_check)
+
+
+def _run_check(args):
+    try:
+        from refopt.testing import ConformanceError, assert_conforms
+        import hypothesis  # noqa: F401 - assert_conforms imports it when called
+    except ImportError:
+        raise CommandError("refopt check needs Hypothesis: pip install hypothesis "
+                           "(or refopt's test extra)") from None
+    bad = [v for v in args.vary if v not in ("weight_decay", "clipping", "ema", "schedules")]
+    if bad:
+        raise CommandError(f"--vary {','.join(bad)}: expected some of weight_decay, clipping, "
+                           "ema, schedules")
+    config = _config(args)
+    candidate = _load_object(args.target)
+    tolerance = float(args.tolerance_ulp)
+    tolerance = int(tolerance) if tolerance.is_integer() else tolerance
+    what = (f"refopt {args.optimizer} ({args.convention}, {args.dtype}, tolerance {tolerance} "
+            f"ulp; up to {args.max_examples} examples of up to {args.steps} steps, seed "
+            f"{args.seed})")
+    try:
+        assert_conforms(
+            candidate, optimizer=args.optimizer, config=config, dtype=args.dtype,
+            convention=args.convention, steps=args.steps, max_examples=args.max_examples,
+            tolerance_ulp=tolerance, seed=args.seed, sparse=args.sparse, vary=args.vary,
+            slot_map=args.slot_map, kind=args.kind,
+        )
+    except ConformanceError as err:
+        print(f"refopt check: {args.target} DIVERGES from {what}")
+        print(err.report)
+        if err.__cause__ is not None:
+            import traceback
+
+            print("the candidate's exception:")
+            print("".join(traceback.format_exception(err.__cause__)).rstrip())
+        return 1
+    print(f"refopt check: {args.target} conforms to {what}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # the parser and the entry point
 
 #: Functions that each add one subcommand to the parser, in the order ``--help`` lists them.
-_SUBCOMMANDS = [_add_demo]
+_SUBCOMMANDS = [_add_demo, _add_golden, _add_check]
 
 
 def build_parser():
@@ -405,8 +707,9 @@ def main(argv=None):
     Returns
     -------
     int
-        The exit status: 0 on success, 2 for a usage error (bad option, missing file, unsupported
-        backend; argparse's convention), 130 when interrupted.
+        The exit status: 0 on success, 1 when ``refopt check`` finds a divergence, 2 for a usage
+        error (bad option, missing file, unsupported backend; argparse's convention), 130 when
+        interrupted.
     """
     parser = build_parser()
     try:
