@@ -28,10 +28,11 @@ import numpy as np
 
 from refopt import schedules as _schedules
 from refopt.indexed_slices import IndexedSlices
+from refopt.optimizers import _fast
 
 __all__ = ["Optimizer", "BACKENDS", "CONVENTIONS"]
 
-#: Backends that exist or are planned; only "reference" is built in this version.
+#: Backends that exist or are planned; "reference" and "cpu" are built in this version.
 BACKENDS = ("reference", "cpu", "cuda")
 #: Conventions that exist or are planned; only "tf_keras" is built in this version.
 CONVENTIONS = ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax")
@@ -66,8 +67,11 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
     name : str
         The optimizer's name.
     backend : {"reference", "cpu", "cuda"}, default "reference"
-        Which implementation computes the steps. Only ``"reference"`` (pure NumPy) exists in
-        this version; the others raise ``NotImplementedError``.
+        Which implementation computes the steps: ``"reference"`` (pure NumPy) or ``"cpu"``
+        (Numba kernels, bit-identical to the reference in float32/float64: slots kept in one
+        flat buffer per dtype, every dense variable of a dtype updated in place by one fused
+        kernel call; float16 is computed by the reference). ``"cuda"`` raises
+        ``NotImplementedError`` in this version.
     convention : str, default "tf_keras"
         Which framework's numerics to reproduce. Only ``"tf_keras"`` (tf.keras 2.11+) exists
         in this version; ``"keras3"``, ``"keras2"``, ``"tf1"``, ``"torch"`` and ``"optax"``
@@ -118,10 +122,14 @@ def _get_backend(backend):
         from refopt import reference
 
         return reference
-    if backend in ("cpu", "cuda"):
+    if backend == "cpu":
+        from refopt.kernels import cpu
+
+        return cpu
+    if backend == "cuda":
         raise NotImplementedError(
             f"backend={backend!r} is not available in this version of refopt (its kernels are "
-            "not built yet). Use backend='reference'."
+            "not built yet). Use backend='reference' or backend='cpu'."
         )
     raise ValueError(
         f"`backend` must be one of {BACKENDS}. Received: backend={backend!r}"
@@ -263,6 +271,7 @@ class Optimizer:
         self._index = {}
         self._slots = {}
         self._averages = []
+        self._flat = None  # backend="cpu": the flat state (refopt.optimizers._fast.FlatState)
 
     # ----------------------------------------------------------------- properties
     @property
@@ -396,6 +405,15 @@ class Optimizer:
         """Return ``(new_param, {slot: new_array})`` for one variable; must not mutate."""
         raise NotImplementedError
 
+    def _fast_update(self, learning_rate, step):
+        """For ``backend="cpu"``: ``(kind, flag, scalars_for_dtype)`` of the fused kernel.
+
+        ``kind`` is ``"adam"`` or ``"sgd"``, ``flag`` AMSGrad or Nesterov, and
+        ``scalars_for_dtype(dtype)`` a dict of the update's scalars rounded to ``dtype``
+        (see ``refopt.kernels.cpu._common.scalars``).
+        """
+        raise NotImplementedError
+
     #: Lazy optimizers update only the rows present in an IndexedSlices gradient.
     _lazy_sparse = False
 
@@ -460,11 +478,18 @@ class Optimizer:
         var_list = self._check_var_list(var_list)
         self._vars = var_list
         self._index = {id(v): i for i, v in enumerate(var_list)}
-        if self.use_ema:
-            self._averages = [v.copy() for v in var_list]
-        self._slots = {
-            name: [np.zeros_like(v) for v in var_list] for name in self._slot_names()
-        }
+        if self.backend == "cpu":
+            from refopt.optimizers._fast import FlatState
+
+            self._flat = FlatState(var_list, self._slot_names(), self.use_ema)
+            self._slots = self._flat.slots
+            self._averages = self._flat.averages
+        else:
+            if self.use_ema:
+                self._averages = [v.copy() for v in var_list]
+            self._slots = {
+                name: [np.zeros_like(v) for v in var_list] for name in self._slot_names()
+            }
         self._built = True
 
     def _position(self, var):
@@ -598,6 +623,18 @@ class Optimizer:
             if isinstance(self._learning_rate, _schedules.LearningRateSchedule)
             else self._learning_rate
         )
+        if self._flat is not None:  # backend="cpu", built: try the cheap checks and fused kernels
+            if not isinstance(grads_and_vars, list):
+                grads_and_vars = list(grads_and_vars)
+            quick = _fast.quick_pairs(self, grads_and_vars)
+            if quick is not None and self._iterations < _INT64_MAX:
+                with np.errstate(all="ignore"):
+                    done = _fast.try_fast_step(self, *quick, lr_value)
+                if done:
+                    self._iterations += 1
+                    if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
+                        self._current_learning_rate = lr_value
+                    return self._iterations
         pairs = self._check_pairs(grads_and_vars)
         if pairs and self._iterations >= _INT64_MAX:
             raise OverflowError(
@@ -630,7 +667,13 @@ class Optimizer:
             self.build([v for _, v in pairs])
         try:
             with np.errstate(all="ignore"):  # NaN and inf propagate silently, as in TensorFlow
-                new_values = self._compute_step(present, lr_value)
+                if self._flat is not None and _fast.try_fast_step(
+                    self, [self._index[id(v)] for _, v in present], [g for g, _ in present],
+                    lr_value,
+                ):
+                    new_values = {}  # validated, then written in place by the kernels
+                else:
+                    new_values = self._compute_step(present, lr_value)
         except BaseException:
             if building:  # the call changes nothing, not even the build
                 self._reset_state()

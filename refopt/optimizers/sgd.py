@@ -91,6 +91,11 @@ class SGD(Optimizer):
         )
         return r.param, {"m": r.m}
 
+    def _fast_update(self, learning_rate, step):
+        from refopt.reference._common import tf_cast
+
+        return "sgd", self.nesterov, lambda dtype: dict(alpha=tf_cast(dtype, self.momentum))
+
     def get_config(self):
         config = super().get_config()
         config.update(momentum=self.momentum, nesterov=self.nesterov)

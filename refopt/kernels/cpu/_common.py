@@ -27,6 +27,32 @@ from refopt.kernels.cpu import _kernels as K
 FALLBACK_DTYPES = (np.dtype(np.float16),)
 
 
+#: Below this many elements a parallel kernel runs on the calling thread only: a parallel
+#: region costs microseconds to start, and on a loaded machine its barrier can wait for a
+#: descheduled worker for milliseconds, far longer than the work itself.
+PARALLEL_MIN_ELEMENTS = 1 << 20
+
+
+def launch(kernel, args, n_elements):
+    """Call a ``parallel=True`` kernel, on one thread when ``n_elements`` is small.
+
+    The thread count never changes the results (every element is computed by the same
+    operations whichever thread runs it); it is restored afterwards.
+    """
+    if n_elements >= PARALLEL_MIN_ELEMENTS:
+        return kernel(*args)
+    import numba
+
+    previous = numba.get_num_threads()
+    if previous == 1:
+        return kernel(*args)
+    numba.set_num_threads(1)
+    try:
+        return kernel(*args)
+    finally:
+        numba.set_num_threads(previous)
+
+
 def flags(*, ams=False, clip=0, ema=False, overwrite=False):
     """The int64 flag array of a kernel call (layout ``_kernels.F_*``)."""
     fl = np.zeros(K.N_FLAGS, np.int64)

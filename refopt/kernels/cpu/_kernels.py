@@ -587,9 +587,18 @@ def sgd_sparse_rows(P, M, rows, sums, fl, sc):
             Pf[i] = Pf[i] + Mf[i]
 
 
+@jit
+def read_int64_at(addresses):
+    """``out[k] = *(int64 *)addresses[k]``: reads raw memory (used on live ndarray objects)."""
+    out = np.empty_like(addresses)
+    for k in range(addresses.shape[0]):
+        out[k] = carray(_ptr(addresses[k], addresses), (1,))[0]
+    return out
+
+
 #: Every dispatcher of this module (the import test checks none has compiled anything).
 DISPATCHERS = (
     _chunks, _adam_span, adam_multi, _sgd_span, sgd_multi, _sq, _leaf_sumsq, _pairwise_sumsq, sumsq_multi,
     clip_value_k, clip_norm_k, scale_k, ema_k, decay_k, _runs, _sum_rows, dedup_rows,
-    lazy_adam_rows, adam_sparse_rows, sgd_sparse_rows,
+    lazy_adam_rows, adam_sparse_rows, sgd_sparse_rows, read_int64_at,
 )

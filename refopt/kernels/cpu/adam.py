@@ -19,6 +19,7 @@ from refopt.kernels.cpu._common import (
     check_grad,
     check_like,
     flags,
+    launch,
     rows2d,
     scalars,
     table,
@@ -88,9 +89,10 @@ def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, 
         G = np.ascontiguousarray(grad)
         addr, cnt = table(P, G)
         empty = np.zeros(0, dtype)
-        K.adam_multi(addr[:1], addr[1:], np.zeros(1, np.int64), cnt[:1], np.zeros(1, np.uint8),
-                     np.ones(1, dtype), M.reshape(-1), V.reshape(-1),
-                     empty if VH is None else VH.reshape(-1), empty, fl, sc)
+        launch(K.adam_multi, (addr[:1], addr[1:], np.zeros(1, np.int64), cnt[:1],
+                              np.zeros(1, np.uint8), np.ones(1, dtype), M.reshape(-1),
+                              V.reshape(-1), empty if VH is None else VH.reshape(-1), empty,
+                              fl, sc), P.size)
     return AdamResult(P, M, V, VH)
 
 

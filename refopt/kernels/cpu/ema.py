@@ -15,6 +15,7 @@ from refopt.kernels.cpu._common import (
     as_float_array,
     check_like,
     check_scalar,
+    launch,
     scalar,
 )
 
@@ -47,6 +48,8 @@ def ema_update(average, param, *, ema_momentum):
     if dtype in FALLBACK_DTYPES:
         return _ref.ema_update(average, param, ema_momentum=ema_momentum)
     out = np.empty(average.shape, dtype)
-    K.ema_k(np.ascontiguousarray(average).reshape(-1), np.ascontiguousarray(param).reshape(-1),
-            out.reshape(-1), scalar(dtype, ema_momentum), scalar(dtype, 1 - ema_momentum), False)
+    launch(K.ema_k, (np.ascontiguousarray(average).reshape(-1),
+                     np.ascontiguousarray(param).reshape(-1), out.reshape(-1),
+                     scalar(dtype, ema_momentum), scalar(dtype, 1 - ema_momentum), False),
+           out.size)
     return out

@@ -19,6 +19,7 @@ from refopt.kernels.cpu._common import (
     check_grad,
     check_like,
     flags,
+    launch,
     rows2d,
     scalars,
 )
@@ -82,7 +83,9 @@ def lazy_adam_update(
     P, M, V = c_copy(param), c_copy(m), c_copy(v)
     VH = None if vhat is None else c_copy(vhat)
     M2 = rows2d(M)
-    K.lazy_adam_rows(rows2d(P), M2, rows2d(V), M2 if VH is None else rows2d(VH),
-                     grad.indices.astype(np.int64, copy=False), rows2d(grad.values),
-                     flags(ams=vhat is not None), sc, dtype.type(1), False, dtype.type(0))
+    vals = rows2d(grad.values)
+    launch(K.lazy_adam_rows, (rows2d(P), M2, rows2d(V), M2 if VH is None else rows2d(VH),
+                              grad.indices.astype(np.int64, copy=False), vals,
+                              flags(ams=vhat is not None), sc, dtype.type(1), False,
+                              dtype.type(0)), vals.size)
     return AdamResult(P, M, V, VH)

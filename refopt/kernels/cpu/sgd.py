@@ -21,6 +21,7 @@ from refopt.kernels.cpu._common import (
     check_like,
     check_scalar,
     flags,
+    launch,
     lr_cast,
     rows2d,
     scalars,
@@ -82,6 +83,7 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
     else:
         G = np.ascontiguousarray(grad)
         addr, cnt = table(P, G)
-        K.sgd_multi(addr[:1], addr[1:], np.zeros(1, np.int64), cnt[:1], np.zeros(1, np.uint8),
-                    np.ones(1, dtype), M.reshape(-1), np.zeros(0, dtype), fl, sc)
+        launch(K.sgd_multi, (addr[:1], addr[1:], np.zeros(1, np.int64), cnt[:1],
+                             np.zeros(1, np.uint8), np.ones(1, dtype), M.reshape(-1),
+                             np.zeros(0, dtype), fl, sc), P.size)
     return SGDResult(P, M)
