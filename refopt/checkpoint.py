@@ -41,7 +41,6 @@ import tempfile
 import numpy as np
 
 from refopt.optimizers.base import Optimizer
-from refopt.schedules import LearningRateSchedule
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "load_checkpoint", "save_checkpoint"]
 
@@ -324,7 +323,8 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
         )
     saved = {k: v for k, v in meta["config"].items() if k not in _IGNORED_CONFIG_KEYS}
     current = _normalized_config(optimizer)
-    diffs = [f"{k}: saved {saved.get(k, '(absent)')!r}, this optimizer {current.get(k, '(absent)')!r}"
+    diffs = [f"{k}: saved {saved.get(k, '(absent)')!r}, "
+             f"this optimizer {current.get(k, '(absent)')!r}"
              for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
     if diffs:
         raise CheckpointError(

@@ -521,9 +521,8 @@ def _run_golden(args):
         doc = golden.write_golden(trajectory, seed=args.seed, **paths)
     except OSError as exc:
         raise CommandError(f"cannot write {args.out}: {exc.strerror or exc}") from None
-    kinds = ", ".join(
-        f"{'x'.join(map(str, s)) or 'scalar'} {k}" for s, k in zip(doc["shapes"], doc["gradient_kinds"])
-    )
+    kinds = ", ".join(f"{'x'.join(map(str, s)) or 'scalar'} {k}"
+                      for s, k in zip(doc["shapes"], doc["gradient_kinds"]))
     print(f"refopt golden: {args.optimizer} ({args.convention}, {args.dtype}), {len(shapes)} "
           f"variable(s) [{kinds}], {args.steps} steps, seed {args.seed}, slots "
           f"{', '.join(doc['slots'])}")

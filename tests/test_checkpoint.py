@@ -74,8 +74,10 @@ def test_resumed_run_is_bit_identical_to_uninterrupted(tmp_path_factory, data, o
 
 def _lazy_run_setup():
     lr = schedules.CosineDecay(0.1, 5, alpha=0.1, warmup_target=0.2, warmup_steps=2)
-    factory = lambda: refopt.LazyAdam(learning_rate=lr, amsgrad=True, weight_decay=0.01,  # noqa: E731
-                                      use_ema=True, ema_overwrite_frequency=3, clipnorm=1.0)
+    def factory():
+        return refopt.LazyAdam(learning_rate=lr, amsgrad=True, weight_decay=0.01, use_ema=True,
+                               ema_overwrite_frequency=3, clipnorm=1.0)
+
     rng = np.random.default_rng(0)
     w0 = [rng.standard_normal((6, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)]
     grads = [[IndexedSlices(rng.standard_normal((4, 3)).astype(np.float32),
@@ -163,7 +165,7 @@ def test_save_checks_the_variable_list(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-# --------------------------------------------------------------------------- bad files change nothing
+# --------------------------------------------------------------------------- bad files
 @pytest.fixture
 def saved(tmp_path):
     lr = schedules.ExponentialDecay(0.1, 2, 0.5)

@@ -37,7 +37,8 @@ def naive_json_arrays(doc):
         step = []
         for g, s in zip(entry["gradients"], shapes):
             if "indices" in g:
-                step.append((np.array(g["indices"]), arr(g["values"], (len(g["indices"]),) + s[1:])))
+                rows = (len(g["indices"]),) + s[1:]
+                step.append((np.array(g["indices"]), arr(g["values"], rows)))
             else:
                 step.append(arr(g["values"], s))
         grads.append(step)

@@ -23,7 +23,8 @@ OPTION_KEYS = {"weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_
 def test_docstring_examples_run(name):
     import importlib
 
-    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(importlib.import_module(name),
+                             optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
 
 

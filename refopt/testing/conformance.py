@@ -71,7 +71,6 @@ import re
 
 import numpy as np
 
-from refopt.indexed_slices import IndexedSlices
 from refopt.testing.trajectory import (
     OPTIMIZERS,
     copy_gradient,
@@ -209,6 +208,14 @@ def _slot_map(candidate, slot_map):
     return slot_map
 
 
+def _check_tolerance(tolerance_ulp):
+    if isinstance(tolerance_ulp, bool) or not isinstance(tolerance_ulp, numbers.Real) \
+            or not tolerance_ulp >= 0:
+        raise ValueError(
+            f"`tolerance_ulp` must be a number >= 0. Received: tolerance_ulp={tolerance_ulp!r}"
+        )
+
+
 def _name(candidate):
     return getattr(candidate, "__qualname__", None) or type(candidate).__name__
 
@@ -273,7 +280,8 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
         A factory of stateful optimizers or a step function (see the module docstring).
     trajectory : refopt.testing.Trajectory
         The configuration, initial variables and gradients; e.g. from
-        :func:`refopt.testing.strategies.trajectories` or :func:`refopt.testing.golden.make_trajectory`.
+        :func:`refopt.testing.strategies.trajectories` or
+        :func:`refopt.testing.golden.make_trajectory`.
     tolerance_ulp : int or float, default 0
         Largest accepted :func:`ulp_distance` per element (0: bit for bit).
     slot_map : dict of str to (str or None), optional
@@ -293,8 +301,7 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
     NotImplementedError
         From refopt, for a convention or backend it does not have.
     """
-    if not isinstance(tolerance_ulp, numbers.Real) or not tolerance_ulp >= 0:
-        raise ValueError(f"`tolerance_ulp` must be a number >= 0. Received: tolerance_ulp={tolerance_ulp!r}")
+    _check_tolerance(tolerance_ulp)
     kind = _candidate_kind(candidate, kind)
     smap = _slot_map(candidate, slot_map)
     ref = trajectory.make_optimizer()
@@ -402,7 +409,9 @@ def _resync(cand, cand_vars, after, compared, fail, k):
             except Exception as exc:  # noqa: BLE001 - reported as a failure of the candidate
                 fail(k, [f"resyncing slot {cand_name!r} of variable {i} after step {k} raised "
                          f"{exc!r}"], cause=exc)
-            if back.shape != value.shape or not (ulp_distance(back.astype(value.dtype), value) == 0).all():
+            took = back.shape == value.shape and (
+                ulp_distance(back.astype(value.dtype), value) == 0).all()
+            if not took:
                 fail(k, [f"resyncing slot {cand_name!r} of variable {i} after step {k} did not "
                          "take: get_slot() returned a copy, so the candidate needs "
                          "set_slot(variable, name, value)"])
@@ -479,13 +488,14 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
     from refopt.testing import strategies
 
     if optimizer not in OPTIMIZERS:
-        raise ValueError(f"`optimizer` must be one of {OPTIMIZERS}. Received: optimizer={optimizer!r}")
+        raise ValueError(
+            f"`optimizer` must be one of {OPTIMIZERS}. Received: optimizer={optimizer!r}"
+        )
     for name, value, low in (("steps", steps, 1), ("max_examples", max_examples, 1),
                              ("max_variables", max_variables, 1)):
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
             raise ValueError(f"`{name}` must be an integer >= {low}. Received: {name}={value!r}")
-    if not isinstance(tolerance_ulp, numbers.Real) or not tolerance_ulp >= 0:
-        raise ValueError(f"`tolerance_ulp` must be a number >= 0. Received: tolerance_ulp={tolerance_ulp!r}")
+    _check_tolerance(tolerance_ulp)
     vary = tuple(vary)
     unknown = [v for v in vary if v not in _VARY]
     if unknown:
@@ -515,9 +525,9 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
     try:
         run()
     except ConformanceError as err:
-        how = (f"(found by assert_conforms with optimizer={optimizer!r}, dtype={np.dtype(dtype).name!r}, "
-               f"steps={steps}, max_examples={max_examples}, seed={seed!r}; the input above is "
-               "the one Hypothesis shrank it to)")
+        how = (f"(found by assert_conforms with optimizer={optimizer!r}, "
+               f"dtype={np.dtype(dtype).name!r}, steps={steps}, max_examples={max_examples}, "
+               f"seed={seed!r}; the input above is the one Hypothesis shrank it to)")
         raise ConformanceError(f"{err.report}\n{how}", step=err.step,
                                mismatches=err.mismatches,
                                trajectory=err.trajectory) from err.__cause__

@@ -58,6 +58,7 @@ int64: step ``k``'s rows are ``offsets[k-1]:offsets[k]``).
 
 from __future__ import annotations
 
+import inspect
 import json
 import numbers
 import os
@@ -65,7 +66,13 @@ import os
 import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
-from refopt.testing.trajectory import State, Trajectory, run_reference, slot_names
+from refopt.testing.trajectory import (
+    State,
+    Trajectory,
+    optimizer_class,
+    run_reference,
+    slot_names,
+)
 
 __all__ = ["FORMAT_VERSION", "Golden", "make_trajectory", "read_golden", "write_golden"]
 
@@ -284,8 +291,8 @@ class Golden:
     meta : dict
         The header (format, versions, optimizer, config, convention, dtype, shapes, slots, ...).
     trajectory : refopt.testing.Trajectory
-        The inputs, built with the recorded ``config`` (so :func:`check_trajectory` can replay
-        them through a candidate).
+        The inputs, with the recorded ``config`` less the arguments left at refopt's defaults
+        (so :func:`refopt.testing.check_trajectory` can replay them through a candidate).
     states : list of refopt.testing.State
         ``steps + 1`` states: the initial one and the one after each step.
     """
@@ -308,9 +315,15 @@ def _check_header(meta, path):
         )
 
 
-def _config_for_trajectory(config):
+def _config_for_trajectory(optimizer, config):
+    """The recorded config without bookkeeping keys and without arguments left at their
+    defaults, so that a candidate factory gets only what matters (as from the strategies)."""
     drop = ("name", "backend", "convention", "jit_compile", "is_legacy_optimizer")
-    return {k: v for k, v in config.items() if k not in drop}
+    defaults = {k: p.default for k, p in
+                inspect.signature(optimizer_class(optimizer)).parameters.items()}
+    return {k: v for k, v in config.items()
+            if k not in drop and not (k in defaults and type(v) is type(defaults[k])
+                                      and v == defaults[k])}
 
 
 def read_golden(path):
@@ -370,8 +383,9 @@ def _from_json(doc):
         grads.append(step)
         states.append(state(entry, float.fromhex(entry["learning_rate"])))
     meta = {k: v for k, v in doc.items() if k not in ("initial", "trajectory")}
-    trajectory = Trajectory(doc["optimizer"], _config_for_trajectory(doc["config"]), dtype,
-                            states[0].params, grads, doc["convention"])
+    config = _config_for_trajectory(doc["optimizer"], doc["config"])
+    trajectory = Trajectory(doc["optimizer"], config, dtype, states[0].params, grads,
+                            doc["convention"])
     return Golden(meta, trajectory, states)
 
 
@@ -394,6 +408,7 @@ def _from_npz(meta, z):
                                             z[f"grad_{i}_indices"][lo:hi], shape)
             else:
                 grads[k][i] = z[f"grad_{i}"][k]
-    trajectory = Trajectory(meta["optimizer"], _config_for_trajectory(meta["config"]), dtype,
-                            states[0].params, grads, meta["convention"])
+    config = _config_for_trajectory(meta["optimizer"], meta["config"])
+    trajectory = Trajectory(meta["optimizer"], config, dtype, states[0].params, grads,
+                            meta["convention"])
     return Golden(meta, trajectory, states)

@@ -280,7 +280,8 @@ def format_trajectory(t, upto=None):
     """A readable description of a trajectory (its first ``upto`` steps when given)."""
     steps = t.gradients if upto is None else t.gradients[:upto]
     lines = [
-        f"Trajectory(optimizer={t.optimizer!r}, convention={t.convention!r}, dtype={t.dtype.name!r},",
+        f"Trajectory(optimizer={t.optimizer!r}, convention={t.convention!r}, "
+        f"dtype={t.dtype.name!r},",
         f"  config={t.config!r},",
         "  initial variables:",
     ]
