@@ -309,9 +309,8 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
     ref.build(ref_vars)
     compared = [(n, smap.get(n, n)) for n in slot_names(ref) if smap.get(n, n) is not None]
     n_vars = len(ref_vars)
+    # Every hyperparameter for step functions (learning_rate is replaced by each step's value).
     full_config = {k: v for k, v in ref.get_config().items() if k not in _NOT_HYPERPARAMETERS}
-    if "learning_rate" in trajectory.config:  # the schedule object, not its serialized dict
-        full_config["learning_rate"] = trajectory.config["learning_rate"]
     title = (f"candidate {_name(candidate)} does not conform to refopt {trajectory.optimizer} "
              f"(convention {trajectory.convention!r}, {trajectory.dtype.name}, tolerance "
              f"{tolerance_ulp} ulp)")
