@@ -9,6 +9,7 @@ API (:class:`Adam`, :class:`AdamW`, :class:`LazyAdam`, :class:`SGD`), learning-r
 from refopt.indexed_slices import IndexedSlices
 from refopt import reference, schedules
 from refopt.optimizers import SGD, Adam, AdamW, LazyAdam, Optimizer
+from refopt.checkpoint import load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"
 
@@ -19,7 +20,9 @@ __all__ = [
     "LazyAdam",
     "Optimizer",
     "SGD",
+    "load_checkpoint",
     "reference",
+    "save_checkpoint",
     "schedules",
     "__version__",
 ]
