@@ -224,6 +224,20 @@ def test_sum_of_squares_follows_numpy_pairwise_tree(dtype, n):
     assert_bits_equal(got[0], got[1], "the same input twice")
 
 
+@given(idx=st.lists(st.integers(0, 40), max_size=60), big=st.booleans())
+def test_stable_order_is_a_stable_argsort(idx, big):
+    from refopt.kernels.cpu._common import stable_order
+
+    idx = np.array(idx, np.int64)
+    if big:  # rows too large to pack with the positions: the np.argsort fallback
+        idx = idx + (1 << 60)
+    order, srows = stable_order(idx)
+    want = np.argsort(idx, kind="stable")
+    np.testing.assert_array_equal(order, want)
+    np.testing.assert_array_equal(srows, idx[want])
+    assert order.dtype == srows.dtype == np.int64
+
+
 # --------------------------------------------------------------------------- wild inputs
 @pytest.mark.parametrize("name", REFERENCE_FUNCTIONS)
 @given(data=st.data())

@@ -286,7 +286,7 @@ def test_lazy_step_costs_the_rows_not_the_table():
 _THREADS_SCRIPT = textwrap.dedent("""
     import hashlib, numpy as np, refopt
     rng = np.random.default_rng(7)
-    ws = [rng.standard_normal(n).astype(np.float32) for n in (1_500_000, 3, 70_000)]
+    ws = [rng.standard_normal(n).astype(np.float32) for n in (2_500_000, 3, 70_000)]
     table = rng.standard_normal((30_000, 64)).astype(np.float32)
     dense = refopt.Adam(backend="cpu", amsgrad=True, use_ema=True, weight_decay=0.1,
                         global_clipnorm=10.0)
@@ -295,7 +295,7 @@ _THREADS_SCRIPT = textwrap.dedent("""
     h = hashlib.sha256()
     for step in range(3):
         dense.apply_gradients([(rng.standard_normal(w.shape).astype(np.float32), w) for w in ws])
-        idx = rng.zipf(1.2, 40_000) % table.shape[0]
+        idx = rng.zipf(1.2, 40_000) % table.shape[0]  # 2.56e6 elements: parallel
         g = refopt.IndexedSlices(rng.standard_normal((idx.size, 64)).astype(np.float32), idx,
                                  table.shape)
         lazy.apply_gradients([(g, table)])

@@ -223,6 +223,7 @@ def try_fast_step(opt, positions, grads, lr_value):
         rows2d,
         scalar,
         scalars,
+        stable_order,
         tf_cast,
     )
     from refopt.kernels.cpu.clipping import (
@@ -326,8 +327,8 @@ def try_fast_step(opt, positions, grads, lr_value):
         M = rows2d(opt._slots["m"][i])
         V = rows2d(opt._slots["v"][i])
         VH = rows2d(opt._slots["vhat"][i]) if ams else M
-        args = (P, M, V, VH, g.indices.astype(np.int64, copy=False), vals, fl, sc, d, decay,
-                dt.type(0))
+        order, srows = stable_order(g.indices)
+        args = (P, M, V, VH, order, srows, vals, fl, sc, d, decay, dt.type(0))
         calls.append((K.lazy_adam_rows, args, vals.size))
         if ema:
             avg = opt._averages[i].reshape(-1)

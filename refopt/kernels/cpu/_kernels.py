@@ -22,8 +22,8 @@ Rules every kernel here follows (see ``shared/semantics/performance.md``):
 - Multi-tensor kernels receive a table of data addresses (int64) and element counts and turn
   each address into a typed array with :func:`_ptr` and ``numba.carray``: one call updates
   every tensor of a dtype group, whatever the number of tensors.
-- Sparse rows: a stable sort of the row indices, one owner (one ``prange`` iteration) per
-  unique row, summing its gradient rows from zero in order of appearance: no two iterations
+- Sparse rows: a stable sort of the row indices (done by NumPy before the call, see
+  ``_common.stable_order``), one owner (one ``prange`` iteration) per unique row, summing its gradient rows from zero in order of appearance: no two iterations
   write the same memory, and the sums are those of ``IndexedSlices.deduplicate``.
 """
 
@@ -448,18 +448,17 @@ def decay_k(P, out, wd, lr):
 
 # --------------------------------------------------------------------------- sparse rows
 @jit
-def _runs(idx):
-    """Stable sort of the row indices and the start of each run of equal rows."""
-    n = idx.shape[0]
-    order = np.argsort(idx, kind="mergesort")
+def _run_starts(srows):
+    """Start of each run of equal values in the sorted rows ``srows`` (plus the end)."""
+    n = srows.shape[0]
     starts = np.empty(n + 1, np.int64)
     u = 0
     for k in range(n):
-        if k == 0 or idx[order[k]] != idx[order[k - 1]]:
+        if k == 0 or srows[k] != srows[k - 1]:
             starts[u] = k
             u += 1
     starts[u] = n
-    return order, starts[: u + 1]
+    return starts[: u + 1]
 
 
 @jit
@@ -474,45 +473,49 @@ def _sum_rows(out, vals, order, lo, hi, mode, c, d, s, zero):
 
 
 @jit
-def dedup_rows(idx, vals, fl, sc, d, zero):
+def dedup_rows(order, srows, vals, fl, sc, d, zero):
     """Unique rows (ascending) and their clipped gradient rows summed in order of appearance.
 
     Parameters
     ----------
-    idx : int64 (n,)
+    order, srows : int64 (n,)
+        A stable sort of the row indices: ``srows = idx[order]`` ascending, positions of equal
+        rows in increasing order (``refopt.kernels.cpu._common.stable_order``).
     vals : dtype (n, D) C-contiguous
+        The gradient rows, in the original order.
     fl, sc : only the clip flag and clip scalars are read; ``d`` is the clip_by_norm
         denominator of the raw rows.
     """
-    order, starts = _runs(idx)
+    starts = _run_starts(srows)
     u = starts.shape[0] - 1
     rows = np.empty(u, np.int64)
     sums = np.empty((u, vals.shape[1]), vals.dtype)
     for k in prange(u):
-        rows[k] = idx[order[starts[k]]]
+        rows[k] = srows[starts[k]]
         _sum_rows(sums[k], vals, order, starts[k], starts[k + 1], fl[F_CLIP], sc[S_CLIP], d,
                   sc[S_GSCALE], zero)
     return rows, sums
 
 
 @pjit
-def lazy_adam_rows(P, M, V, VH, idx, vals, fl, sc, d, decay, zero):
-    """Lazy Adam, in place, on the rows of ``idx`` of the (R, D) tables ``P, M, V (, VH)``.
+def lazy_adam_rows(P, M, V, VH, order, srows, vals, fl, sc, d, decay, zero):
+    """Lazy Adam, in place, on the rows ``srows`` of the (R, D) tables ``P, M, V (, VH)``.
 
-    Each unique row is owned by one iteration: it sums its (clipped) gradient rows from zero
-    in order of appearance, then runs the fused Adam pass (weight decay when ``decay``) on
-    that row. Cost: a sort of ``n`` indices plus the rows touched; the tables are not copied.
+    ``order``/``srows`` are a stable sort of the indices (as :func:`dedup_rows`). Each unique
+    row is owned by one iteration: it sums its (clipped) gradient rows from zero in order of
+    appearance, then runs the fused Adam pass (weight decay when ``decay``) on that row.
+    Cost: proportional to the indices and the rows touched; the tables are not copied.
     EMA is not applied here (it covers every row: see :func:`ema_k`). Without AMSGrad pass
     any (R, D) table as ``VH`` (it is not touched).
     """
-    order, starts = _runs(idx)
+    starts = _run_starts(srows)
     u = starts.shape[0] - 1
     D = P.shape[1]
     buf = np.empty((u, D), P.dtype)
     row_fl = np.zeros(N_FLAGS, np.int64)
     row_fl[F_AMS] = fl[F_AMS]
     for k in prange(u):
-        r = idx[order[starts[k]]]
+        r = srows[starts[k]]
         _sum_rows(buf[k], vals, order, starts[k], starts[k + 1], fl[F_CLIP], sc[S_CLIP], d,
                   sc[S_GSCALE], zero)
         _adam_span(P[r], buf[k], M[r], V[r], VH[r], VH[r], row_fl, sc, d, decay)
@@ -599,6 +602,6 @@ def read_int64_at(addresses):
 #: Every dispatcher of this module (the import test checks none has compiled anything).
 DISPATCHERS = (
     _chunks, _adam_span, adam_multi, _sgd_span, sgd_multi, _sq, _leaf_sumsq, _pairwise_sumsq, sumsq_multi,
-    clip_value_k, clip_norm_k, scale_k, ema_k, decay_k, _runs, _sum_rows, dedup_rows,
+    clip_value_k, clip_norm_k, scale_k, ema_k, decay_k, _run_starts, _sum_rows, dedup_rows,
     lazy_adam_rows, adam_sparse_rows, sgd_sparse_rows, read_int64_at,
 )

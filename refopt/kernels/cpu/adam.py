@@ -22,6 +22,7 @@ from refopt.kernels.cpu._common import (
     launch,
     rows2d,
     scalars,
+    stable_order,
     table,
 )
 
@@ -105,8 +106,8 @@ def sparse_sum(grad, fl=None, sc=None, d=None):
     """
     dtype = grad.dtype
     vals = rows2d(grad.values)
-    idx = grad.indices.astype(np.int64, copy=False)
+    order, srows = stable_order(grad.indices)
     fl = flags() if fl is None else fl
     sc = scalars(dtype) if sc is None else sc
     d = dtype.type(1) if d is None else d
-    return K.dedup_rows(idx, vals, fl, sc, d, dtype.type(0))
+    return K.dedup_rows(order, srows, vals, fl, sc, d, dtype.type(0))

@@ -22,6 +22,7 @@ from refopt.kernels.cpu._common import (
     launch,
     rows2d,
     scalars,
+    stable_order,
 )
 from refopt.kernels.cpu.adam import adam_update
 
@@ -84,8 +85,9 @@ def lazy_adam_update(
     VH = None if vhat is None else c_copy(vhat)
     M2 = rows2d(M)
     vals = rows2d(grad.values)
+    order, srows = stable_order(grad.indices)
     launch(K.lazy_adam_rows, (rows2d(P), M2, rows2d(V), M2 if VH is None else rows2d(VH),
-                              grad.indices.astype(np.int64, copy=False), vals,
+                              order, srows, vals,
                               flags(ams=vhat is not None), sc, dtype.type(1), False,
                               dtype.type(0)), vals.size)
     return AdamResult(P, M, V, VH)
