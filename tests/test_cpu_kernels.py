@@ -7,6 +7,12 @@ of the output dtype. float16 is computed by the reference itself (documented fal
 """
 
 import inspect
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import textwrap
 
 import numpy as np
 import pytest
@@ -325,3 +331,47 @@ def test_errors_are_the_references(call):
     with pytest.raises(want.type) as got:
         call(cpu)
     assert str(got.value) == str(want.value)
+
+
+# Regression: NumPy's maximum/minimum return the *second* operand of two equal values, so
+# np.maximum(+0.0, -0.0) is -0.0. The first kernels returned the first operand and turned
+# clip_by_value(0.0, 0) into +0.0 where the reference gives -0.0 (found by Hypothesis).
+@pytest.mark.parametrize("dtype", FAST)
+def test_signed_zeros_follow_numpy_maximum_and_minimum(dtype):
+    g = np.array([0.0, -0.0, 0.0, -0.0], dtype)
+    for c in (0.0, -0.0, 1.0):
+        assert_bits_equal(cpu.clip_by_value(g, c), ref.clip_by_value(g, c), f"c={c}")
+    z, nz = np.zeros(4, dtype), np.full(4, -0.0, dtype)
+    kw = dict(learning_rate=0.0, beta_1=0.9, beta_2=0.999, epsilon=1e-7, step=1)
+    for vhat in (z, nz):  # AMSGrad's max(vhat, v) with v = +0.0
+        assert_results_bits_equal(cpu.adam_update(z, nz, z, z, vhat, **kw),
+                                  ref.adam_update(z, nz, z, z, vhat, **kw))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 assembly")
+def test_hot_kernels_are_vectorised_without_fma():
+    # fastmath is off, so LLVM must not contract a * b + c into an FMA (one rounding instead of
+    # two would change the bits); and the loops must still vectorise (packed sqrt/div). Compiled
+    # afresh in a subprocess with an empty cache (cached code cannot be inspected).
+    script = textwrap.dedent("""
+        import numpy as np
+        from refopt.kernels import cpu
+        from refopt.kernels.cpu import _kernels as K
+        x = np.ones(64, np.float32)
+        cpu.adam_update(x, x, x, x, x, learning_rate=0.1, beta_1=0.9, beta_2=0.999,
+                        epsilon=1e-7, step=1)
+        cpu.sgd_update(x, x, x, learning_rate=0.1, momentum=0.9)
+        for fn in (K._adam_span, K._sgd_span):
+            asm = fn.inspect_asm(fn.signatures[0])
+            fma = sum(asm.count(op) for op in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"))
+            packed = asm.count("vdivps")
+            print(fn.py_func.__name__, fma, packed)
+    """)
+    with tempfile.TemporaryDirectory() as cache:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env={**os.environ, "NUMBA_CACHE_DIR": cache}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for line in out.stdout.splitlines():
+        name, fma, packed = line.split()
+        assert int(fma) == 0, f"{name} has FMA instructions"
+        assert int(packed) > 0, f"{name} is not vectorised"

@@ -15,7 +15,12 @@ One ``apply_gradients`` call does, in this order (``tf_keras/optimizers/optimize
 9. ``iterations += 1``.
 
 Everything is computed into new arrays first (the reference functions are pure) and written
-into the variables and slots only at the end, so a call that raises changes nothing.
+into the variables and slots only at the end, so a call that raises changes nothing. With
+``backend="cpu"`` the common steps take the fast path of :mod:`refopt.optimizers._fast`:
+everything is validated and prepared first, then fused kernels update the variables and the
+flat slot buffers in place (one call per dtype for all dense variables), with bit-identical
+results; the other steps (float16, non-lazy sparse gradients, overlapping variables) take the
+staged path above with the CPU kernels' pure functions.
 """
 
 from __future__ import annotations
