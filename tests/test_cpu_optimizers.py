@@ -219,6 +219,24 @@ def test_overlapping_variables_match_reference():
     np.testing.assert_array_equal(results[0].view(np.uint64), results[1].view(np.uint64))
 
 
+def test_subclass_with_its_own_update_takes_the_staged_path():
+    # Regression guard: a subclass that rewrites _update_step must not silently get the fused
+    # kernel of its parent's math.
+    class SignSGD(refopt.SGD):
+        def _update_step(self, param, grad, slots, learning_rate, step):
+            new = param - np.sign(grad).astype(param.dtype) * param.dtype.type(learning_rate)
+            return new, {"m": slots["m"]}
+
+    results = []
+    for backend in ("cpu", "reference"):
+        w = np.array([1.0, -2.0, 3.0], np.float32)
+        opt = SignSGD(learning_rate=0.5, backend=backend)
+        opt.apply_gradients([(np.array([0.1, -5.0, 0.0], np.float32), w)])
+        results.append(w)
+    np.testing.assert_array_equal(results[0], [0.5, -1.5, 3.0])
+    np.testing.assert_array_equal(results[0], results[1])
+
+
 # --------------------------------------------------------------------------- layout, calls
 def test_many_small_tensors_take_one_kernel_call_per_dtype(monkeypatch):
     from refopt.kernels.cpu import _kernels as K

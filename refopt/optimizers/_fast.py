@@ -189,6 +189,19 @@ def _safe_grads(state, grads):
     return grads, addr
 
 
+_CAPABLE = {}
+
+
+def fast_capable(cls):
+    """Whether ``cls``'s update has a fused kernel: the class that defines its
+    ``_update_step`` also defines ``_fast_update`` (a subclass that rewrites the update of
+    Adam or SGD, or a new optimizer, takes the staged path with its own ``_update_step``)."""
+    if cls not in _CAPABLE:
+        owner = next((k for k in cls.__mro__ if "_update_step" in vars(k)), None)
+        _CAPABLE[cls] = owner is not None and "_fast_update" in vars(owner)
+    return _CAPABLE[cls]
+
+
 def try_fast_step(opt, positions, grads, lr_value):
     """Run one step of ``opt`` in place with the fused CPU kernels, if it qualifies.
 
@@ -234,7 +247,7 @@ def try_fast_step(opt, positions, grads, lr_value):
     )
 
     state = opt._flat
-    if state is None or state.overlap:
+    if state is None or state.overlap or not fast_capable(type(opt)):
         return False
     dense, sparse = {}, []
     dtype_of = state.dtype_of
