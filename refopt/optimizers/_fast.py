@@ -147,7 +147,8 @@ def data_addresses(arrays):
 
 def quick_pairs(opt, pairs):
     """The common step, validated cheaply: every gradient a dense ndarray of its variable's shape
-    and dtype, every variable built, writeable, C-contiguous, once.
+    and dtype (or, for LazyAdam, an IndexedSlices of its shape and dtype), every variable
+    built, writeable, C-contiguous, once.
 
     Returns ``(positions, grads)``, or ``None`` when anything is unusual (a ``None`` or sparse
     gradient, an error to report...): the caller then runs the full validation, which raises
@@ -157,11 +158,17 @@ def quick_pairs(opt, pairs):
     variables = opt._vars
     positions, grads = [], []
     ndarray = np.ndarray
+    lazy = opt._lazy_sparse
     try:
         for g, var in pairs:
             i = index.get(id(var))
-            if (i is None or variables[i] is not var or type(g) is not ndarray
-                    or g.shape != var.shape or g.dtype != var.dtype):
+            if i is None or variables[i] is not var:
+                return None
+            if type(g) is ndarray:
+                if g.shape != var.shape or g.dtype != var.dtype:
+                    return None
+            elif not (lazy and type(g) is IndexedSlices and g.dense_shape == var.shape
+                      and g.dtype == var.dtype):
                 return None
             flags = var.flags
             if not (flags.writeable and flags.c_contiguous):

@@ -30,7 +30,9 @@ Rules every kernel here follows (see ``shared/semantics/performance.md``):
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import carray, njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 _OPTS = dict(cache=True, error_model="numpy", fastmath=False, nogil=True)
@@ -73,6 +75,44 @@ def _ptr(typingctx, addr, like):
         return builder.inttoptr(args[0], llty.as_pointer())
 
     return sig, codegen
+
+
+@intrinsic
+def _prefetch(typingctx, arr, index):
+    """Hint the CPU to fetch the cache line of ``arr[index]`` (1-D) for writing; no effect on
+    results. Used ahead of the random rows of the lazy update, whose latency dominates."""
+    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
+        return None
+    sig = types.void(arr, index)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
+                                       wraparound=False, boundscheck=False)
+        i8p = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        name = "llvm.prefetch.p0" if str(i8p.type) == "ptr" else "llvm.prefetch.p0i8"
+        fnty = ir.FunctionType(ir.VoidType(), [i8p.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+        # rw = 1 (write), locality = 3 (keep in all levels), cache type = 1 (data)
+        builder.call(fn, [i8p, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+#: How many unique rows ahead the lazy update prefetches.
+PREFETCH_ROWS = 4
+
+
+@jit
+def _prefetch_row(T, r):
+    """Prefetch every 64-byte line of row ``r`` of the 2-D table ``T``."""
+    row = T[r]
+    step = max(1, 64 // row.itemsize)
+    for j in range(0, row.shape[0], step):
+        _prefetch(row, j)
 
 
 @jit
@@ -462,14 +502,34 @@ def _run_starts(srows):
 
 
 @jit
-def _sum_rows(out, vals, order, lo, hi, mode, c, d, s, zero):
-    """``out = 0 + clip(vals[order[lo]]) + clip(vals[order[lo+1]]) + ...`` (row vectors)."""
-    for j in range(out.shape[0]):
-        out[j] = zero
-    for k in range(lo, hi):
-        row = vals[order[k]]
+def _segment_sums(order, srows, vals, mode, c, d, s, zero):
+    """Unique rows (ascending) and the sum of their clipped gradient rows, from zero, in input order.
+
+    Each input position is given the slot of its unique row (from the runs of the stable
+    sort), then the gradient rows are streamed once in input order and added into their
+    slot: ``sums[u] = 0 + clip(vals[i1]) + clip(vals[i2]) + ...`` for the positions
+    ``i1 < i2 < ...`` of row ``u``, exactly :meth:`IndexedSlices.deduplicate`'s sums. The
+    reads of ``vals`` are sequential and the sums (one row per unique index) stay in cache.
+    """
+    starts = _run_starts(srows)
+    u = starts.shape[0] - 1
+    n = order.shape[0]
+    rows = np.empty(u, np.int64)
+    slot = np.empty(n, np.int64)
+    for k in range(u):
+        rows[k] = srows[starts[k]]
+        for q in range(starts[k], starts[k + 1]):
+            slot[order[q]] = k
+    sums = np.empty((u, vals.shape[1]), vals.dtype)
+    for k in range(u):
+        for j in range(sums.shape[1]):
+            sums[k, j] = zero
+    for i in range(n):
+        out = sums[slot[i]]
+        row = vals[i]
         for j in range(out.shape[0]):
             out[j] = out[j] + _clip(row[j], mode, c, d, s)
+    return rows, sums
 
 
 @jit
@@ -486,39 +546,37 @@ def dedup_rows(order, srows, vals, fl, sc, d, zero):
     fl, sc : only the clip flag and clip scalars are read; ``d`` is the clip_by_norm
         denominator of the raw rows.
     """
-    starts = _run_starts(srows)
-    u = starts.shape[0] - 1
-    rows = np.empty(u, np.int64)
-    sums = np.empty((u, vals.shape[1]), vals.dtype)
-    for k in prange(u):
-        rows[k] = srows[starts[k]]
-        _sum_rows(sums[k], vals, order, starts[k], starts[k + 1], fl[F_CLIP], sc[S_CLIP], d,
-                  sc[S_GSCALE], zero)
-    return rows, sums
+    return _segment_sums(order, srows, vals, fl[F_CLIP], sc[S_CLIP], d, sc[S_GSCALE], zero)
 
 
 @pjit
 def lazy_adam_rows(P, M, V, VH, order, srows, vals, fl, sc, d, decay, zero):
     """Lazy Adam, in place, on the rows ``srows`` of the (R, D) tables ``P, M, V (, VH)``.
 
-    ``order``/``srows`` are a stable sort of the indices (as :func:`dedup_rows`). Each unique
-    row is owned by one iteration: it sums its (clipped) gradient rows from zero in order of
-    appearance, then runs the fused Adam pass (weight decay when ``decay``) on that row.
-    Cost: proportional to the indices and the rows touched; the tables are not copied.
-    EMA is not applied here (it covers every row: see :func:`ema_k`). Without AMSGrad pass
-    any (R, D) table as ``VH`` (it is not touched).
+    ``order``/``srows`` are a stable sort of the indices (as :func:`dedup_rows`). The
+    duplicate rows are summed first (:func:`_segment_sums`); then each unique row is owned by
+    one parallel iteration, which runs the fused Adam pass (weight decay when ``decay``) on
+    that row: no two iterations write the same memory. Cost: proportional to the indices and
+    the rows touched; the tables are not copied. EMA is not applied here (it covers every
+    row: see :func:`ema_k`). Without AMSGrad pass any (R, D) table as ``VH`` (it is not
+    touched).
     """
-    starts = _run_starts(srows)
-    u = starts.shape[0] - 1
-    D = P.shape[1]
-    buf = np.empty((u, D), P.dtype)
+    rows, sums = _segment_sums(order, srows, vals, fl[F_CLIP], sc[S_CLIP], d, sc[S_GSCALE],
+                               zero)
     row_fl = np.zeros(N_FLAGS, np.int64)
     row_fl[F_AMS] = fl[F_AMS]
+    ams = fl[F_AMS] != 0
+    u = rows.shape[0]
     for k in prange(u):
-        r = srows[starts[k]]
-        _sum_rows(buf[k], vals, order, starts[k], starts[k + 1], fl[F_CLIP], sc[S_CLIP], d,
-                  sc[S_GSCALE], zero)
-        _adam_span(P[r], buf[k], M[r], V[r], VH[r], VH[r], row_fl, sc, d, decay)
+        ahead = k + PREFETCH_ROWS
+        if ahead < u:  # the rows are random: start fetching a few ahead
+            _prefetch_row(P, rows[ahead])
+            _prefetch_row(M, rows[ahead])
+            _prefetch_row(V, rows[ahead])
+            if ams:
+                _prefetch_row(VH, rows[ahead])
+        r = rows[k]
+        _adam_span(P[r], sums[k], M[r], V[r], VH[r], VH[r], row_fl, sc, d, decay)
 
 
 @jit
@@ -601,7 +659,7 @@ def read_int64_at(addresses):
 
 #: Every dispatcher of this module (the import test checks none has compiled anything).
 DISPATCHERS = (
-    _chunks, _adam_span, adam_multi, _sgd_span, sgd_multi, _sq, _leaf_sumsq, _pairwise_sumsq, sumsq_multi,
-    clip_value_k, clip_norm_k, scale_k, ema_k, decay_k, _run_starts, _sum_rows, dedup_rows,
+    _chunks, _prefetch_row, _maximum, _minimum, _clip, _adam_span, adam_multi, _sgd_span, sgd_multi, _sq, _leaf_sumsq, _pairwise_sumsq, sumsq_multi,
+    clip_value_k, clip_norm_k, scale_k, ema_k, decay_k, _run_starts, _segment_sums, dedup_rows,
     lazy_adam_rows, adam_sparse_rows, sgd_sparse_rows, read_int64_at,
 )
