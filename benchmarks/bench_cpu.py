@@ -15,8 +15,8 @@ measured in the same run, on the same machine and thread count:
 4. First-step times in fresh processes: cold (empty Numba cache: compiles) and warm (cache).
 
 Times are medians of repeated steps after warm-up, the contenders timed in alternating
-rounds (the machine this project runs on is shared and noisy; best times are printed too). torch's Adam differs numerically from
-tf-keras' (epsilon placement): this compares speed only.
+rounds (the machine this project runs on is shared and noisy; best times are printed too).
+torch's Adam differs numerically from tf-keras' (epsilon placement): this compares speed only.
 """
 
 from __future__ import annotations
@@ -76,6 +76,34 @@ def fmt_ms(t):
     return f"{t * 1e3:9.3f}"
 
 
+def _dense_times(n, rng, with_reference):
+    """(ceiling, cpu, torch or None, reference or None) (median, best) times at size n."""
+    reps = max(15, int(4e8 // (28 * n)))
+    g = rng.standard_normal(n, dtype=np.float32)
+    a = rng.standard_normal(n, dtype=np.float32)  # the ceiling's array
+    w = rng.standard_normal(n, dtype=np.float32)
+    opt = refopt.Adam(learning_rate=1e-3, backend="cpu")
+    pairs = [(g, w)]
+    s = np.float32(1e-6)
+    # The ceiling follows the same thread rule as the optimizer's kernels (one thread below
+    # 2**21 elements): an in-place pass with the same access pattern.
+    fns = [lambda: launch(_axpy_inplace, (a, g, s), n), lambda: opt.apply_gradients(pairs)]
+    if torch is not None:
+        p = torch.from_numpy(rng.standard_normal(n, dtype=np.float32)).requires_grad_()
+        p.grad = torch.from_numpy(g)
+        fns.append(torch.optim.Adam([p], lr=1e-3, fused=True).step)
+    results = interleaved(fns, reps) + [None] * (3 - len(fns))
+    fns = opt = p = a = w = None  # free before the reference allocates its own
+    gc.collect()
+    if with_reference:
+        w = rng.standard_normal(n, dtype=np.float32)
+        ref = refopt.Adam(learning_rate=1e-3, backend="reference")
+        results.append(timeit(lambda: ref.apply_gradients([(g, w)]), 3, 1))
+    else:
+        results.append(None)
+    return results, reps
+
+
 def bench_dense(sizes, reference_max):
     print("\n## Dense Adam, float32 (median ms of repeated steps; GB/s at 28 B/elem, "
           "ceiling at 12 B/elem)\n")
@@ -85,49 +113,48 @@ def bench_dense(sizes, reference_max):
     print("|---" * (head.count("|") - 1) + "|")
     rng = np.random.default_rng(0)
     for n in sizes:
-        reps = max(15, int(4e8 // (28 * n)))
-        g = rng.standard_normal(n, dtype=np.float32)
-        a = rng.standard_normal(n, dtype=np.float32)  # the ceiling's array
-        w = rng.standard_normal(n, dtype=np.float32)
-        opt = refopt.Adam(learning_rate=1e-3, backend="cpu")
-        pairs = [(g, w)]
-        s = np.float32(1e-6)
-        # The ceiling follows the same thread rule as the optimizer's kernels (one thread below
-        # 2**21 elements): an in-place pass with the same access pattern.
-        fns = [lambda: launch(_axpy_inplace, (a, g, s), n), lambda: opt.apply_gradients(pairs)]
-        if torch is not None:
-            p = torch.from_numpy(rng.standard_normal(n, dtype=np.float32)).requires_grad_()
-            p.grad = torch.from_numpy(g)
-            topt = torch.optim.Adam([p], lr=1e-3, fused=True)
-            fns.append(topt.step)
-        results = interleaved(fns, reps)
-        (t_ceil, b_ceil), (t_cpu, b_cpu) = results[:2]
-        t_torch = results[2][0] if torch is not None else None
-        del a, w, opt, fns
-        if torch is not None:
-            del p, topt
+        (ceil_t, cpu_t, torch_t, ref_t), reps = _dense_times(n, rng, n <= reference_max)
         gc.collect()
-        t_ref = None
-        if n <= reference_max:
-            w = rng.standard_normal(n, dtype=np.float32)
-            ref = refopt.Adam(learning_rate=1e-3, backend="reference")
-            t_ref, _ = timeit(lambda: ref.apply_gradients([(g, w)]), 3, 1)
-            del ref, w
-            gc.collect()
+        t_cpu, t_ceil = cpu_t[0], ceil_t[0]
         gbs = 28 * n / t_cpu / 1e9
         ceil = 12 * n / t_ceil / 1e9
         cells = [f"{n:.0e}", fmt_ms(t_cpu), f"{gbs:6.1f}", f"{ceil:6.1f}", f"{gbs / ceil:5.2f}"]
-        cells += [fmt_ms(t_ref), f"{t_ref / t_cpu:6.1f}x"] if t_ref else ["-", "-"]
-        if t_torch:
-            cells += [fmt_ms(t_torch), f"{28 * n / t_torch / 1e9:6.1f}",
-                      f"{t_torch / t_cpu:5.2f}x"]
+        cells += [fmt_ms(ref_t[0]), f"{ref_t[0] / t_cpu:6.1f}x"] if ref_t else ["-", "-"]
+        if torch_t:
+            cells += [fmt_ms(torch_t[0]), f"{28 * n / torch_t[0] / 1e9:6.1f}",
+                      f"{torch_t[0] / t_cpu:5.2f}x"]
         else:
             cells += ["-", "-", "-"]
         print("| " + " | ".join(cells) + " |")
-        print(f"<!-- n={n:.0e}: best cpu {fmt_ms(b_cpu)} ms, best ceiling {fmt_ms(b_ceil)} ms, "
-              f"reps {reps} -->")
-        del g
-        gc.collect()
+        print(f"<!-- n={n:.0e}: best cpu {fmt_ms(cpu_t[1])} ms, best ceiling "
+              f"{fmt_ms(ceil_t[1])} ms, reps {reps} -->")
+
+
+def _lazy_times(V, batch, dim, rng):
+    """(unique rows, cpu, torch or None, reference) (median, best) times for a V-row table."""
+    idx = (rng.zipf(1.2, batch) - 1) % V
+    vals = rng.standard_normal((batch, dim), dtype=np.float32)
+    g = refopt.IndexedSlices(vals, idx, (V, dim))
+    table = np.zeros((V, dim), np.float32)
+    opt = refopt.LazyAdam(learning_rate=1e-3, backend="cpu")
+    fns = [lambda: opt.apply_gradients([(g, table)])]
+    if torch is not None:
+        p = torch.zeros((V, dim), dtype=torch.float32, requires_grad=True)
+        sg = torch.sparse_coo_tensor(torch.from_numpy(idx[None].astype(np.int64)),
+                                     torch.from_numpy(vals), (V, dim))
+        topt = torch.optim.SparseAdam([p], lr=1e-3)
+
+        def tstep():
+            p.grad = sg
+            topt.step()
+
+        fns.append(tstep)
+    results = interleaved(fns, 30) + [None] * (2 - len(fns))
+    fns = opt = p = sg = topt = None  # free before the reference allocates its own state
+    gc.collect()
+    ref = refopt.LazyAdam(learning_rate=1e-3, backend="reference")
+    results.append(timeit(lambda: ref.apply_gradients([(g, table)]), 5, 1))
+    return np.unique(idx).size, results
 
 
 def bench_lazy(tables, batch, dim):
@@ -139,41 +166,16 @@ def bench_lazy(tables, batch, dim):
     rng = np.random.default_rng(1)
     first = None
     for V in tables:
-        idx = (rng.zipf(1.2, batch) - 1) % V
-        vals = rng.standard_normal((batch, dim), dtype=np.float32)
-        g = refopt.IndexedSlices(vals, idx, (V, dim))
-        unique = np.unique(idx).size
-        table = np.zeros((V, dim), np.float32)
-        opt = refopt.LazyAdam(learning_rate=1e-3, backend="cpu")
-        fns = [lambda: opt.apply_gradients([(g, table)])]
-        if torch is not None:
-            p = torch.zeros((V, dim), dtype=torch.float32, requires_grad=True)
-            sg = torch.sparse_coo_tensor(torch.from_numpy(idx[None].astype(np.int64)),
-                                         torch.from_numpy(vals), (V, dim))
-            topt = torch.optim.SparseAdam([p], lr=1e-3)
-
-            def tstep():
-                p.grad = sg
-                topt.step()
-
-            fns.append(tstep)
-        results = interleaved(fns, 30)
-        t_cpu, b_cpu = results[0]
-        t_torch = results[1][0] if torch is not None else None
-        del opt, fns
-        if torch is not None:
-            del p, topt, sg
+        unique, (cpu_t, torch_t, ref_t) = _lazy_times(V, batch, dim, rng)
         gc.collect()
-        ref = refopt.LazyAdam(learning_rate=1e-3, backend="reference")
-        t_ref, _ = timeit(lambda: ref.apply_gradients([(g, table)]), 5, 1)
-        del ref, table
-        gc.collect()
+        t_cpu = cpu_t[0]
         first = first or t_cpu
-        cells = [f"{V:.0e}", str(unique), fmt_ms(t_cpu), fmt_ms(t_ref)]
-        cells += [fmt_ms(t_torch), f"{t_torch / t_cpu:5.1f}x"] if t_torch else ["-", "-"]
+        cells = [f"{V:.0e}", str(unique), fmt_ms(t_cpu), fmt_ms(ref_t[0])]
+        cells += ([fmt_ms(torch_t[0]), f"{torch_t[0] / t_cpu:5.1f}x"] if torch_t
+                  else ["-", "-"])
         cells.append(f"{t_cpu / first:5.2f}")
         print("| " + " | ".join(cells) + " |")
-        print(f"<!-- V={V:.0e}: best cpu {fmt_ms(b_cpu)} ms -->")
+        print(f"<!-- V={V:.0e}: best cpu {fmt_ms(cpu_t[1])} ms -->")
 
 
 def bench_small(n_tensors, size):
@@ -225,8 +227,8 @@ def bench_first_step():
     print("| optimizer | cache | import s | first step s |")
     print("|---|---|---|---|")
     cases = [("Adam", "np.ones(1000, np.float32)"),
-             ("LazyAdam", "refopt.IndexedSlices(np.ones((3, 1), np.float32), [1, 5, 1], "
-                          "(1000, 1))")]
+             ("LazyAdam", ("refopt.IndexedSlices(np.ones((3, 1), np.float32), [1, 5, 1], "
+                           "(1000, 1))"))]
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache}
         for cls, grad in cases:

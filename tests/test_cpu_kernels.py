@@ -4,6 +4,9 @@ Elementwise results are compared bit for bit (``assert_bits_equal``: values and 
 so -0.0 vs +0.0 counts) in float32 and float64, step by step over several steps, on the
 parameters and every state array. Norms (reductions) are compared with a tolerance of one ulp
 of the output dtype. float16 is computed by the reference itself (documented fallback).
+With NaN in the inputs, NaN positions are compared and every other bit, but not the sign and
+payload bits of a NaN: LLVM may rewrite ``(-g) * lr + m`` as ``m - g * lr``, equal for every
+number, not for the sign of a NaN (IEEE 754 leaves those bits unspecified too).
 """
 
 import inspect
@@ -19,11 +22,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-from refopt import IndexedSlices
-from refopt import reference as ref
-from refopt.kernels import cpu
-
 from test_properties import (
     REFERENCE_FUNCTIONS,
     _assert_inputs_unchanged,
@@ -41,6 +39,10 @@ from test_properties import (
     slices_for,
     table_shapes,
 )
+
+from refopt import IndexedSlices
+from refopt import reference as ref
+from refopt.kernels import cpu
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 FAST = (F32, F64)
@@ -264,7 +266,7 @@ def test_every_function_matches_reference_on_wild_inputs_and_is_pure(name, data)
         return
     if name == "clip_by_global_norm":
         assert_within_one_ulp(got[1], expected[1], name)
-        if not got[1] == expected[1]:
+        if got[1] != expected[1]:
             return
         got, expected = got[0], expected[0]
     got_arrays = _float_arrays_in(got if isinstance(got, (list, tuple)) else [got])
@@ -286,10 +288,14 @@ def test_nonfinite_gradients_propagate_as_in_reference(dtype, data, shape, amsgr
     p = data.draw(float_arrays(dtype, shape))
     m, v, vhat = data.draw(adam_states(dtype, shape, amsgrad))
     hp = dict(data.draw(adam_hparams(dtype)), step=data.draw(st.integers(1, 50)))
-    assert_results_bits_equal(cpu.adam_update(p, g, m, v, vhat, **hp),
-                              ref.adam_update(p, g, m, v, vhat, **hp))
+    # NaN where the reference has NaN, the same infinities, every other bit identical (the sign
+    # and payload of a NaN are not preserved by LLVM's folding of negations, nor compared).
+    for a, e in zip(cpu.adam_update(p, g, m, v, vhat, **hp), ref.adam_update(p, g, m, v, vhat, **hp)):
+        if e is not None:
+            assert_bits_equal_nan_aware(a, e, "adam")
     sgd_hp = data.draw(sgd_hparams())
-    assert_results_bits_equal(cpu.sgd_update(p, g, m, **sgd_hp), ref.sgd_update(p, g, m, **sgd_hp))
+    for a, e in zip(cpu.sgd_update(p, g, m, **sgd_hp), ref.sgd_update(p, g, m, **sgd_hp)):
+        assert_bits_equal_nan_aware(a, e, "sgd")
 
 
 # --------------------------------------------------------------------------- float16, errors

@@ -6,7 +6,8 @@ and the counter after every step with the reference optimizer fed the same gradi
 (``assert_states_bits_equal``: identical bit patterns), over random configurations: clipping
 of each kind, weight decay (with exclusions), EMA with overwrites, AMSGrad, Nesterov,
 schedules, LazyAdam with duplicate and empty sparse gradients, None gradients, float16
-variables (the reference's fallback) and mixed dtypes. Where a norm is involved the two
+variables (the reference's fallback), mixed dtypes and gradients with NaN or infinities (NaN positions agree; the
+sign and payload bits of a NaN are not compared, see ``assert_states_equal``). Where a norm is involved the two
 backends may differ by an ulp of the norm on another machine; the tests then fall back to a
 tolerance (on this project's machines the norms agree exactly and the comparison is bitwise).
 """
@@ -22,26 +23,27 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-import refopt
-from refopt import IndexedSlices, schedules
-from refopt.kernels import cpu
-
 from test_properties import (
     FAILURES,
     _bad_pairs,
     _dense_or_sparse_for,
     adam_hparams,
+    assert_bits_equal_nan_aware,
     assert_states_bits_equal,
     dense_shapes,
     float_arrays,
     nonempty_table_shapes,
     opt_state,
+    poisoned,
     sgd_hparams,
     slices_for,
     table_shapes,
     weight_decays,
 )
+
+import refopt
+from refopt import IndexedSlices, schedules
+from refopt.kernels import cpu
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 KINDS = ("adam", "adamw", "lazy_adam", "sgd")
@@ -69,8 +71,13 @@ def norms_agree(grads):
 
 
 def assert_states_equal(actual, expected, exact):
+    """Bit for bit (NaN positions included; not the sign or payload bits of a NaN, which LLVM
+    does not preserve: it may fold ``(-g) * lr + m`` into ``m - g * lr``, the same value for
+    every number but a NaN of the other sign), or, when a norm differed by an ulp, close."""
     if exact:
-        assert_states_bits_equal(actual, expected)
+        assert actual.keys() == expected.keys()
+        for key in expected:
+            assert_bits_equal_nan_aware(actual[key], expected[key], key)
     else:  # a norm differed by an ulp: the clipped steps differ by a few ulps
         for key in expected:
             np.testing.assert_allclose(actual[key], expected[key], rtol=1e-4, atol=0,
@@ -120,8 +127,10 @@ def test_cpu_optimizer_bit_identical_to_reference(data, kind, dtype, n_vars, n_s
     for _ in range(n_steps):
         grads = []
         for dt, s in zip(dtypes, shapes):
-            choice = data.draw(st.sampled_from(("dense", "sparse", "none")))
-            if choice == "sparse" and len(s) >= 1:
+            choice = data.draw(st.sampled_from(("dense", "sparse", "none", "poisoned")))
+            if choice == "poisoned" and int(np.prod(s)) > 0:  # NaN, inf or -inf somewhere
+                grads.append(data.draw(poisoned(dt, s)))
+            elif choice == "sparse" and len(s) >= 1:
                 grads.append(data.draw(slices_for(s, dt, force_duplicates=data.draw(
                     st.booleans()))))
             elif choice == "none":
@@ -184,6 +193,19 @@ def test_cpu_global_clipnorm_mixed_dtypes_raises_before_any_write():
     with pytest.raises(TypeError, match="same dtype"):
         opt.apply_gradients([(np.ones(3, np.float32), w32), (np.ones(2, np.float64), w64)])
     assert_states_bits_equal(opt_state(opt, [w32, w64]), before)
+
+
+# Regression (found by the dev profile): a NaN gradient with learning rate 0 gives a NaN of the
+# other sign than the reference's in SGD (a folded negation); NaN positions, EMA included, agree.
+def test_sgd_nan_gradient_gives_nan_in_the_same_places():
+    states = []
+    for backend in ("cpu", "reference"):
+        w = np.array([0.0, 1.0], np.float32)
+        opt = refopt.SGD(learning_rate=0.0, backend=backend, use_ema=True, ema_momentum=0.0)
+        opt.apply_gradients([(np.array([np.nan, 2.0], np.float32), w)])
+        states.append(opt_state(opt, [w]))
+    assert_states_equal(*states, exact=True)
+    assert np.isnan(states[0]["var0"][0]) and states[0]["var0"][1] == 1.0
 
 
 # --------------------------------------------------------------------------- aliasing

@@ -11,8 +11,6 @@ Importing this module imports Numba but compiles nothing: every kernel compiles 
 from Numba's on-disk cache) on its first call for a dtype.
 """
 
-from refopt.reference.adam import AdamResult, adam_scalars
-from refopt.reference.sgd import SGDResult
 from refopt.kernels.cpu.adam import adam_update
 from refopt.kernels.cpu.clipping import (
     clip_by_global_norm,
@@ -24,6 +22,8 @@ from refopt.kernels.cpu.ema import ema_update
 from refopt.kernels.cpu.lazy_adam import lazy_adam_update
 from refopt.kernels.cpu.sgd import sgd_update
 from refopt.kernels.cpu.weight_decay import apply_weight_decay
+from refopt.reference.adam import AdamResult, adam_scalars
+from refopt.reference.sgd import SGDResult
 
 __all__ = [
     "AdamResult",

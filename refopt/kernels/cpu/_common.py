@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from refopt.kernels.cpu import _kernels as K
 from refopt.reference._common import (  # noqa: F401  (re-exported for the kernels' modules)
     FLOAT_DTYPES,
     as_float_array,
@@ -21,7 +22,6 @@ from refopt.reference._common import (  # noqa: F401  (re-exported for the kerne
     scalar,
     tf_cast,
 )
-from refopt.kernels.cpu import _kernels as K
 
 #: float16 is computed by the reference (Numba has no float16 arithmetic on the CPU).
 FALLBACK_DTYPES = (np.dtype(np.float16),)

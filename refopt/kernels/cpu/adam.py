@@ -10,7 +10,6 @@ import numpy as np
 
 from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
-from refopt.reference.adam import AdamResult, adam_scalars
 from refopt.kernels.cpu import _kernels as K
 from refopt.kernels.cpu._common import (
     FALLBACK_DTYPES,
@@ -25,6 +24,7 @@ from refopt.kernels.cpu._common import (
     stable_order,
     table,
 )
+from refopt.reference.adam import AdamResult, adam_scalars
 
 __all__ = ["AdamResult", "adam_update", "adam_scalars"]
 

@@ -12,9 +12,9 @@ import numpy as np
 
 from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
-from refopt.reference.clipping import _rewrap, _values
 from refopt.kernels.cpu import _kernels as K
 from refopt.kernels.cpu._common import FALLBACK_DTYPES, check_scalar, scalar, table
+from refopt.reference.clipping import _rewrap, _values
 
 __all__ = ["clip_by_value", "clip_by_norm", "global_norm", "clip_by_global_norm"]
 

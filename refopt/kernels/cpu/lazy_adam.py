@@ -6,11 +6,8 @@ Same function, same signature and bit-identical results as :mod:`refopt.referenc
 
 from __future__ import annotations
 
-import numpy as np
-
 from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
-from refopt.reference.adam import AdamResult, adam_scalars
 from refopt.kernels.cpu import _kernels as K
 from refopt.kernels.cpu._common import (
     FALLBACK_DTYPES,
@@ -25,6 +22,7 @@ from refopt.kernels.cpu._common import (
     stable_order,
 )
 from refopt.kernels.cpu.adam import adam_update
+from refopt.reference.adam import AdamResult, adam_scalars
 
 __all__ = ["lazy_adam_update"]
 

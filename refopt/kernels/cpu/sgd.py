@@ -10,7 +10,6 @@ import numpy as np
 
 from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
-from refopt.reference.sgd import SGDResult
 from refopt.kernels.cpu import _kernels as K
 from refopt.kernels.cpu._common import (
     FALLBACK_DTYPES,
@@ -28,6 +27,7 @@ from refopt.kernels.cpu._common import (
     table,
     tf_cast,
 )
+from refopt.reference.sgd import SGDResult
 
 __all__ = ["SGDResult", "sgd_update"]
 
