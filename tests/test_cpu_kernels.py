@@ -381,3 +381,26 @@ def test_hot_kernels_are_vectorised_without_fma():
         name, fma, packed = line.split()
         assert int(fma) == 0, f"{name} has FMA instructions"
         assert int(packed) > 0, f"{name} is not vectorised"
+
+
+@pytest.mark.parametrize("dtype", FAST)
+def test_non_contiguous_inputs_match_reference(dtype):
+    # The reference accepts any memory layout; the kernels work on C-contiguous copies.
+    rng = np.random.default_rng(3)
+    base = [rng.standard_normal((6, 8)).astype(dtype) for _ in range(5)]
+    p, m = base[0].T, base[2].T  # transposed views
+    g = np.asfortranarray(base[1].T)  # Fortran order
+    v, vhat = np.abs(base[3]).T, np.abs(base[4]).T + 1
+    kw = dict(learning_rate=0.01, beta_1=0.9, beta_2=0.99, epsilon=1e-7, step=4)
+    assert_results_bits_equal(cpu.adam_update(p, g, m, v, vhat, **kw),
+                              ref.adam_update(p, g, m, v, vhat, **kw))
+    assert_results_bits_equal(cpu.sgd_update(p, g, m, learning_rate=0.1, momentum=0.9),
+                              ref.sgd_update(p, g, m, learning_rate=0.1, momentum=0.9))
+    strided = base[1][:, ::2]
+    assert_bits_equal(cpu.clip_by_value(strided, 0.5), ref.clip_by_value(strided, 0.5))
+    assert_bits_equal(cpu.ema_update(p, m, ema_momentum=0.9), ref.ema_update(p, m, ema_momentum=0.9))
+    table = base[0][:, ::2]  # (6, 4), strided rows
+    sl = IndexedSlices(base[2][:3, ::2], [5, 0, 5], table.shape)
+    zeros = np.zeros_like(table)
+    assert_results_bits_equal(cpu.lazy_adam_update(table, sl, zeros, zeros, **kw),
+                              ref.lazy_adam_update(table, sl, zeros, zeros, **kw))
