@@ -290,7 +290,8 @@ def test_nonfinite_gradients_propagate_as_in_reference(dtype, data, shape, amsgr
     hp = dict(data.draw(adam_hparams(dtype)), step=data.draw(st.integers(1, 50)))
     # NaN where the reference has NaN, the same infinities, every other bit identical (the sign
     # and payload of a NaN are not preserved by LLVM's folding of negations, nor compared).
-    for a, e in zip(cpu.adam_update(p, g, m, v, vhat, **hp), ref.adam_update(p, g, m, v, vhat, **hp)):
+    for a, e in zip(cpu.adam_update(p, g, m, v, vhat, **hp),
+                    ref.adam_update(p, g, m, v, vhat, **hp)):
         if e is not None:
             assert_bits_equal_nan_aware(a, e, "adam")
     sgd_hp = data.draw(sgd_hparams())
@@ -398,7 +399,8 @@ def test_non_contiguous_inputs_match_reference(dtype):
                               ref.sgd_update(p, g, m, learning_rate=0.1, momentum=0.9))
     strided = base[1][:, ::2]
     assert_bits_equal(cpu.clip_by_value(strided, 0.5), ref.clip_by_value(strided, 0.5))
-    assert_bits_equal(cpu.ema_update(p, m, ema_momentum=0.9), ref.ema_update(p, m, ema_momentum=0.9))
+    assert_bits_equal(cpu.ema_update(p, m, ema_momentum=0.9),
+                      ref.ema_update(p, m, ema_momentum=0.9))
     table = base[0][:, ::2]  # (6, 4), strided rows
     sl = IndexedSlices(base[2][:3, ::2], [5, 0, 5], table.shape)
     zeros = np.zeros_like(table)

@@ -3,11 +3,11 @@
 The CPU backend keeps the slots in flat buffers and updates the variables in place with fused
 kernels (refopt/optimizers/_fast.py); these tests compare every variable, slot, EMA average
 and the counter after every step with the reference optimizer fed the same gradients
-(``assert_states_bits_equal``: identical bit patterns), over random configurations: clipping
-of each kind, weight decay (with exclusions), EMA with overwrites, AMSGrad, Nesterov,
-schedules, LazyAdam with duplicate and empty sparse gradients, None gradients, float16
-variables (the reference's fallback), mixed dtypes and gradients with NaN or infinities (NaN positions agree; the
-sign and payload bits of a NaN are not compared, see ``assert_states_equal``). Where a norm is involved the two
+(identical bit patterns), over random configurations: clipping of each kind, weight decay
+(with exclusions), EMA with overwrites, AMSGrad, Nesterov, schedules, LazyAdam with duplicate
+and empty sparse gradients, None gradients, float16 variables (the reference's fallback),
+mixed dtypes and gradients with NaN or infinities (NaN positions agree; the sign and payload
+bits of a NaN are not compared, see ``assert_states_equal``). Where a norm is involved the two
 backends may differ by an ulp of the norm on another machine; the tests then fall back to a
 tolerance (on this project's machines the norms agree exactly and the comparison is bitwise).
 """

@@ -136,7 +136,7 @@ def _data_offset():
 
 
 def data_addresses(arrays):
-    """int64 array of the data addresses of exact ``numpy.ndarray`` objects (kept alive by the caller)."""
+    """int64 data addresses of exact ``numpy.ndarray`` objects (the caller keeps them alive)."""
     offset = _data_offset()
     if offset is False:
         return np.array([a.ctypes.data for a in arrays], np.int64)

@@ -23,8 +23,9 @@ Rules every kernel here follows (see ``shared/semantics/performance.md``):
   each address into a typed array with :func:`_ptr` and ``numba.carray``: one call updates
   every tensor of a dtype group, whatever the number of tensors.
 - Sparse rows: a stable sort of the row indices (done by NumPy before the call, see
-  ``_common.stable_order``), one owner (one ``prange`` iteration) per unique row, summing its gradient rows from zero in order of appearance: no two iterations
-  write the same memory, and the sums are those of ``IndexedSlices.deduplicate``.
+  ``_common.stable_order``), the gradient rows summed from zero in order of appearance
+  (the sums of ``IndexedSlices.deduplicate``), then one owner (one ``prange`` iteration)
+  per unique row: no two iterations write the same memory.
 """
 
 from __future__ import annotations
@@ -503,7 +504,7 @@ def _run_starts(srows):
 
 @jit
 def _segment_sums(order, srows, vals, mode, c, d, s, zero):
-    """Unique rows (ascending) and the sum of their clipped gradient rows, from zero, in input order.
+    """Unique rows (ascending) and the sums of their clipped gradient rows, in input order.
 
     Each input position is given the slot of its unique row (from the runs of the stable
     sort), then the gradient rows are streamed once in input order and added into their
@@ -659,7 +660,8 @@ def read_int64_at(addresses):
 
 #: Every dispatcher of this module (the import test checks none has compiled anything).
 DISPATCHERS = (
-    _chunks, _prefetch_row, _maximum, _minimum, _clip, _adam_span, adam_multi, _sgd_span, sgd_multi, _sq, _leaf_sumsq, _pairwise_sumsq, sumsq_multi,
+    _chunks, _prefetch_row, _maximum, _minimum, _clip, _adam_span, adam_multi, _sgd_span,
+    sgd_multi, _sq, _leaf_sumsq, _pairwise_sumsq, sumsq_multi,
     clip_value_k, clip_norm_k, scale_k, ema_k, decay_k, _run_starts, _segment_sums, dedup_rows,
     lazy_adam_rows, adam_sparse_rows, sgd_sparse_rows, read_int64_at,
 )
