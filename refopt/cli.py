@@ -155,8 +155,13 @@ def _add_demo(subparsers):
         help="seed of the initial embeddings and all random draws (default: %(default)s)",
     )
     model.add_argument(
-        "--backend", default="reference",
-        help="LazyAdam backend (default: %(default)s, the pure-NumPy reference)",
+        "--backend", default="cpu",
+        help="LazyAdam backend: cpu (Numba kernels, bit-identical to the reference) or "
+        "reference (pure NumPy) (default: %(default)s)",
+    )
+    model.add_argument(
+        "--no-compare", action="store_true",
+        help="skip timing the optimizer step against the reference backend at the end",
     )
     out = p.add_argument_group("output")
     out.add_argument(
@@ -297,6 +302,16 @@ def _run_demo(args):
         else:
             print("note        matplotlib is not installed, so loss.png was not written "
                   "(pip install 'refopt[plot]')")
+
+    if args.backend != "reference" and not args.no_compare:
+        cmp = demo.compare_backends(
+            result, backend=args.backend, baseline="reference", batch_size=args.batch_size,
+            negatives=args.negatives, learning_rate=args.learning_rate, seed=args.seed,
+        )
+        print(f"optimizer   one LazyAdam step on {cmp.steps} replayed batches: {cmp.backend} "
+              f"{cmp.backend_ms:.2f} ms, reference {cmp.baseline_ms:.2f} ms "
+              f"({cmp.speedup:.1f}x faster), results "
+              f"{'bit-identical' if cmp.identical else 'DIFFERENT'}")
 
     wall = time.perf_counter() - wall_start
     print(f"time        {wall:.1f} s wall, {result.seconds:.1f} s training, "

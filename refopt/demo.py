@@ -42,7 +42,9 @@ __all__ = [
     "Progress",
     "SkipGramResult",
     "Vocabulary",
+    "BackendComparison",
     "build_vocabulary",
+    "compare_backends",
     "load_corpus",
     "make_optimizer",
     "nearest_neighbours",
@@ -279,13 +281,13 @@ def skipgram_batch(center_table, context_table, centers, targets):
     )
 
 
-def make_optimizer(learning_rate=0.005, backend="reference"):
+def make_optimizer(learning_rate=0.005, backend="cpu"):
     """The optimizer the demo trains with: :class:`refopt.LazyAdam` with Keras default betas.
 
     Parameters
     ----------
     learning_rate : float, default 0.005
-    backend : str, default "reference"
+    backend : str, default "cpu"
         Passed through to :class:`~refopt.LazyAdam`, which rejects backends it does not have.
 
     Returns
@@ -388,7 +390,7 @@ def train_skipgram(
     vocab_size=5000,
     sample=1e-3,
     seed=0,
-    backend="reference",
+    backend="cpu",
     optimizer=None,
     progress=None,
 ):
@@ -421,7 +423,7 @@ def train_skipgram(
         Subsampling threshold, see :func:`subsample`; ``0`` disables subsampling.
     seed : int, default 0
         Seeds the initial tables and every random draw; equal arguments give equal results.
-    backend : str, default "reference"
+    backend : str, default "cpu"
         Passed to :func:`make_optimizer`; ignored when ``optimizer`` is given.
     optimizer : object, optional
         Anything with ``apply_gradients([(IndexedSlices, ndarray), ...])`` that updates the tables
@@ -531,6 +533,86 @@ def train_skipgram(
         seconds=time.perf_counter() - start,
         iterations=int(optimizer.iterations),
     )
+
+
+@dataclass(frozen=True)
+class BackendComparison:
+    """What :func:`compare_backends` measured.
+
+    Attributes
+    ----------
+    backend, baseline : str
+        The two backends compared.
+    steps : int
+        Batches replayed through each.
+    backend_ms, baseline_ms : float
+        Median wall time of one ``apply_gradients`` call (both tables), in milliseconds.
+    identical : bool
+        Whether both left bit-identical tables and moments.
+    """
+
+    backend: str
+    baseline: str
+    steps: int
+    backend_ms: float
+    baseline_ms: float
+    identical: bool
+
+    @property
+    def speedup(self):
+        """float: ``baseline_ms / backend_ms``."""
+        return self.baseline_ms / self.backend_ms if self.backend_ms > 0 else float("inf")
+
+
+def compare_backends(result, *, backend="cpu", baseline="reference", steps=20, batch_size=1024,
+                     negatives=5, learning_rate=0.005, seed=0):
+    """Time LazyAdam steps of two backends on the same sparse gradients of a trained model.
+
+    Draws ``steps`` batches of (center, context, negatives) from the unigram distribution of
+    ``result``, computes their gradients once (:func:`skipgram_batch`), then replays them through
+    a fresh :func:`make_optimizer` of each backend on copies of the trained tables, timing each
+    ``apply_gradients`` call, and checks that both end bit-identical.
+
+    Parameters
+    ----------
+    result : SkipGramResult
+        A trained model (its tables are not modified).
+    backend, baseline : str
+        The backends to compare (``baseline`` is the denominator of the speed-up).
+    steps, batch_size, negatives : int
+        How many batches, of how many pairs with how many negatives each.
+    learning_rate : float
+    seed : int
+
+    Returns
+    -------
+    BackendComparison
+    """
+    rng = np.random.default_rng(seed)
+    counts = np.asarray(result.counts, dtype=np.float64)
+    probs = counts / counts.sum()
+    batches = []
+    for _ in range(steps):
+        centers = rng.choice(len(probs), size=batch_size, p=probs)
+        targets = rng.choice(len(probs), size=(batch_size, 1 + negatives), p=probs)
+        _, g_in, g_out = skipgram_batch(result.embeddings, result.context_embeddings, centers, targets)
+        batches.append((g_in, g_out))
+
+    def replay(name):
+        tables = [result.embeddings.copy(), result.context_embeddings.copy()]
+        opt = make_optimizer(learning_rate, name)
+        times = []
+        for g_in, g_out in batches:
+            start = time.perf_counter()
+            opt.apply_gradients([(g_in, tables[0]), (g_out, tables[1])])
+            times.append(time.perf_counter() - start)
+        state = tables + [opt.get_slot(t, n) for t in tables for n in ("m", "v")]
+        return 1e3 * float(np.median(times)), state
+
+    backend_ms, a = replay(backend)
+    baseline_ms, b = replay(baseline)
+    identical = all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(a, b))
+    return BackendComparison(backend, baseline, steps, backend_ms, baseline_ms, identical)
 
 
 def nearest_neighbours(embeddings, vocab, word, k=5):

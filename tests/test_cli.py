@@ -335,3 +335,26 @@ def test_demo_refuses_an_output_path_that_is_a_directory_before_training(tmp_pat
 def test_demo_names_the_learning_rate_option_when_it_is_refused(capsys):
     assert main(["demo", "--max-tokens", "3000", "--learning-rate", "1e39", "--quiet"]) == 2
     assert "--learning-rate" in capsys.readouterr().err
+
+
+def test_demo_defaults_to_cpu_and_reports_the_speedup_over_the_reference(capsys):
+    assert main(["demo", "--max-tokens", "3000", "--epochs", "2", "--dim", "8", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "(backend 'cpu')" in out
+    line = next(l for l in out.splitlines() if l.startswith("optimizer"))
+    assert "x faster" in line and line.endswith("results bit-identical")
+
+
+def test_demo_on_the_reference_backend_does_not_compare(capsys):
+    args = ["demo", "--max-tokens", "3000", "--epochs", "2", "--dim", "8", "--quiet"]
+    assert main(args + ["--backend", "reference"]) == 0
+    assert "optimizer   one LazyAdam step" not in capsys.readouterr().out
+
+
+def test_cpu_and_reference_training_give_identical_embeddings():
+    from refopt.demo import train_skipgram, tokenize, load_corpus
+
+    tokens = tokenize(load_corpus()[0])[:3000]
+    a = train_skipgram(tokens, epochs=2, dim=8, backend="cpu")
+    b = train_skipgram(tokens, epochs=2, dim=8, backend="reference")
+    assert np.array_equal(a.embeddings, b.embeddings) and a.losses == b.losses
