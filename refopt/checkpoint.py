@@ -100,10 +100,10 @@ def _check_variables(variables):
 
 
 def _built_count(optimizer):
-    """Number of variables the optimizer was built with (0 when not built), from `variables`."""
-    state = len(optimizer.variables) - 1  # minus iterations
-    per_variable = len(_slot_names(optimizer))  # slots, plus the EMA average
-    return state // per_variable if per_variable else 0
+    """Number of variables the optimizer was built with (0 when not built)."""
+    if not optimizer.built:
+        return 0
+    return (len(optimizer.variables) - 1) // max(len(optimizer.slot_names), 1)
 
 
 def _digest(arrays):
@@ -308,9 +308,8 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
     -----
     Nothing is modified unless every check passes. Then ``iterations`` is set, the optimizer is
     built with ``variables``, and every slot and EMA average is overwritten with the saved one.
-    With a learning-rate schedule, ``optimizer.learning_rate`` reads the schedule at the
-    restored ``iterations`` until the next step (the saved value, the one the last step used,
-    is in the returned metadata); the steps themselves are bit-identical.
+    With a learning-rate schedule, ``optimizer.learning_rate`` is the saved value (the one the
+    last step before the save used), as it was before saving.
     """
     _check_optimizer(optimizer)
     variables = _check_variables(variables)
@@ -369,6 +368,11 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
 
     # Every check passed: now change things (none of the calls below can fail on valid input).
     optimizer.iterations = int(iterations)
+    if meta.get("learning_rate") is not None and not isinstance(
+        optimizer.get_config()["learning_rate"], numbers.Real
+    ):
+        # A schedule: show the value the last saved step used, as before the save.
+        optimizer._current_learning_rate = float.fromhex(meta["learning_rate"])
     if meta["built"]:
         optimizer.build(variables)
         for (name, i), value in slots.items():

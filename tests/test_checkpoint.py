@@ -285,3 +285,17 @@ def test_loading_into_a_built_optimizer_is_refused(saved):
     assert opt.iterations == 0 and all((v == 7.0).all() for v in w)
     with pytest.raises(FileNotFoundError):
         load_checkpoint(path.with_name("missing.npz"), refopt.Adam(), w)
+
+
+def test_loaded_optimizer_reports_the_learning_rate_of_the_last_saved_step(tmp_path):
+    sched = refopt.schedules.ExponentialDecay(1.0, 1, 0.5)
+    w = np.ones(2, np.float32)
+    opt = refopt.SGD(learning_rate=sched)
+    for _ in range(3):
+        opt.apply_gradients([(np.ones(2, np.float32), w)])
+    assert opt.learning_rate == 0.25  # the value step 2 used
+    path = tmp_path / "ckpt.npz"
+    refopt.save_checkpoint(path, opt, [w])
+    fresh = refopt.SGD.from_config(opt.get_config())
+    refopt.load_checkpoint(path, fresh, [w.copy()])
+    assert fresh.learning_rate == 0.25 and fresh.iterations == 3

@@ -241,3 +241,10 @@ def test_custom_schedule_round_trips_with_custom_objects():
         opt.apply_gradients([(np.ones(1, F32), w1)])
         clone.apply_gradients([(np.ones(1, F32), w2)])
     assert w1[0] == w2[0] == -1.75  # 1 + 0.5 + 0.25
+
+
+def test_slot_names_and_built_are_public():
+    opt = refopt.Adam(amsgrad=True, use_ema=True)
+    assert opt.slot_names == ("m", "v", "vhat", "average") and not opt.built
+    opt.build([np.ones(2, F32)])
+    assert opt.built and refopt.SGD().slot_names == ("m",)

@@ -379,6 +379,21 @@ class Optimizer:
                     out.extend(self._slots[name][i] for name in group)
         return out
 
+    @property
+    def slot_names(self):
+        """tuple of str: the names :meth:`get_slot` accepts, in creation order.
+
+        ``("m", "v")`` for Adam, ``("m", "v", "vhat")`` with AMSGrad, ``("m",)`` for SGD,
+        followed by ``"average"`` with ``use_ema``.
+        """
+        names = self._slot_names()
+        return names + ("average",) if self.use_ema else names
+
+    @property
+    def built(self):
+        """bool: whether the state exists (after :meth:`build` or the first step)."""
+        return self._built
+
     def get_slot(self, var, slot_name):
         """Return the live state array ``slot_name`` (e.g. ``"m"``, ``"average"``) of ``var``.
 

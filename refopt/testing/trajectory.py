@@ -93,8 +93,7 @@ def slot_names(optimizer):
         by ``"average"`` when the optimizer keeps an EMA of the weights. Each name works with
         ``optimizer.get_slot(var, name)``.
     """
-    names = tuple(optimizer._slot_names())  # the subclass API of refopt.Optimizer
-    return names + ("average",) if optimizer.use_ema else names
+    return tuple(optimizer.slot_names)
 
 
 class State(NamedTuple):
