@@ -119,6 +119,10 @@ def _write_atomic(path, arrays):
     """np.savez into a temporary file beside ``path``, fsync, then os.replace onto ``path``."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"Cannot write the checkpoint {os.fspath(path)}: the folder {directory} does not exist."
+        )
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                dir=directory)
     try:

@@ -275,3 +275,14 @@ def test_readme_torch_adam_wrapper_reports_the_known_differences():
     # rounding) and a loose tolerance, the same wrapper passes.
     assert_conforms(TorchAdam, config={"epsilon": 0.0, "beta_2": 0.999}, tolerance_ulp=10**6,
                     max_examples=20)
+
+
+def test_argument_slips_are_refused_clearly():
+    import refopt as _refopt
+
+    with pytest.raises(ValueError, match=r"slot_map.*\['zz'\]"):
+        assert_conforms(_refopt.Adam, slot_map={"zz": "m"}, max_examples=2)
+    with pytest.raises(ValueError, match=r"`seed` must be an integer or None. Received: seed='abc'"):
+        assert_conforms(_refopt.Adam, seed="abc", max_examples=2)
+    # a single string is one option, not its letters
+    assert_conforms(_refopt.Adam, vary="ema", max_examples=3)

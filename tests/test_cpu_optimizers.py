@@ -371,3 +371,62 @@ def test_import_compiles_nothing():
         print("ok")
     """)
     assert _run(script) == "ok"
+
+
+# --- regressions from a user trying to break the CPU backend -------------------------------
+
+@pytest.mark.parametrize("kwargs", [{"clipnorm": 1.0}, {"global_clipnorm": 1.0}])
+def test_cpu_equals_reference_for_transposed_gradients_with_norm_clipping(kwargs):
+    # The reference summed a transposed gradient in memory order (NumPy's rule), the CPU path in
+    # C order: a 1-ulp norm difference moved the weights. Both now sum in C order, as TF.
+    g = np.random.default_rng(3).standard_normal((20, 30)).astype(np.float32).T
+    out = {}
+    for backend in ("reference", "cpu"):
+        w = np.zeros((30, 20), np.float32)
+        opt = refopt.Adam(0.1, backend=backend, **kwargs)
+        opt.apply_gradients([(g, w)])
+        out[backend] = (w, opt.get_slot(w, "m"), opt.get_slot(w, "v"))
+    for a, b in zip(out["reference"], out["cpu"]):
+        np.testing.assert_array_equal(a, b)  # elementwise after the same norm: bit-identical
+    assert refopt.reference.global_norm([g]) == refopt.reference.global_norm([np.ascontiguousarray(g)])
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix itself warns
+def test_matrix_gradients_are_elementwise_on_both_backends():
+    # np.matrix makes * a matrix product; gradients are viewed as plain ndarrays.
+    slots = {}
+    for backend in ("reference", "cpu"):
+        w = np.ones((2, 2))
+        opt = refopt.Adam(0.1, clipnorm=1.0, backend=backend)
+        opt.apply_gradients([(np.matrix([[1.0, 2.0], [3.0, 4.0]]), w)])
+        slots[backend] = opt.get_slot(w, "v").copy()
+    # clipnorm 1 on [[1, 2], [3, 4]] (norm sqrt(30)): v = 0.001 * g**2 / 30
+    np.testing.assert_allclose(slots["reference"], 0.001 * np.array([[1, 4], [9, 16]]) / 30, rtol=1e-12)
+    np.testing.assert_array_equal(slots["reference"], slots["cpu"])
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_variable_that_changed_shape_or_dtype_after_build_is_refused(backend):
+    w = np.arange(4, dtype=np.float32)
+    opt = refopt.Adam(0.1, backend=backend)
+    opt.apply_gradients([(np.ones(4, np.float32), w)])
+    before = w.copy()
+    w.shape = (2, 2)
+    with pytest.raises(ValueError, match=r"built with shape=\(4,\), dtype=float32"):
+        opt.apply_gradients([(np.ones((2, 2), np.float32), w)])
+    np.testing.assert_array_equal(w.ravel(), before)
+    assert opt.iterations == 1
+
+
+def test_cpu_variable_whose_buffer_moved_takes_the_safe_path():
+    ws = {}
+    for backend in ("reference", "cpu"):
+        w = np.arange(8, dtype=np.float32)
+        opt = refopt.Adam(0.1, backend=backend)
+        opt.apply_gradients([(np.ones(8, np.float32), w)])
+        w.resize(8, refcheck=False)  # may reallocate: build-time addresses are stale
+        w.resize(16, refcheck=False)
+        w.resize(8, refcheck=False)
+        opt.apply_gradients([(np.full(8, 0.5, np.float32), w)])
+        ws[backend] = w.copy()
+    np.testing.assert_array_equal(ws["reference"], ws["cpu"])

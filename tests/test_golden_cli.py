@@ -250,3 +250,16 @@ def test_check_through_the_entry_point_sets_the_exit_status(tmp_path):
                           "--max-examples", "5"], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 1, run.stderr
     assert "DIVERGES" in run.stdout
+
+
+def test_golden_reports_a_schedule_that_fails_mid_trajectory_without_a_traceback(tmp_path, capsys):
+    sched = '{"class_name":"ExponentialDecay","config":{"initial_learning_rate":0.1,"decay_steps":1,"decay_rate":2.0}}'
+    assert main(["golden", "--set", f"learning_rate={sched}", "--steps", "200",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "returned inf at step 128" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_golden_refuses_a_directory_as_out(tmp_path, capsys):
+    assert main(["golden", "--out", str(tmp_path) + "/"]) == 2
+    assert "not a directory" in capsys.readouterr().err

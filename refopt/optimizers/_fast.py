@@ -156,13 +156,14 @@ def quick_pairs(opt, pairs):
     """
     index = opt._index
     variables = opt._vars
+    specs = opt._var_specs
     positions, grads = [], []
     ndarray = np.ndarray
     lazy = opt._lazy_sparse
     try:
         for g, var in pairs:
             i = index.get(id(var))
-            if i is None or variables[i] is not var:
+            if i is None or variables[i] is not var or (var.shape, var.dtype) != specs[i]:
                 return None
             if type(g) is ndarray:
                 if g.shape != var.shape or g.dtype != var.dtype:
@@ -255,6 +256,11 @@ def try_fast_step(opt, positions, grads, lr_value):
 
     state = opt._flat
     if state is None or state.overlap or not fast_capable(type(opt)):
+        return False
+    # The kernels write through the addresses taken at build time: a variable whose buffer
+    # moved since (ndarray.resize) takes the staged path instead.
+    if not np.array_equal(data_addresses([opt._vars[i] for i in positions]),
+                          state.paddr[positions]):
         return False
     dense, sparse = {}, []
     dtype_of = state.dtype_of

@@ -274,6 +274,7 @@ class Optimizer:
         self._built = False
         self._vars = []
         self._index = {}
+        self._var_specs = []
         self._slots = {}
         self._averages = []
         self._flat = None  # backend="cpu": the flat state (refopt.optimizers._fast.FlatState)
@@ -498,6 +499,7 @@ class Optimizer:
         var_list = self._check_var_list(var_list)
         self._vars = var_list
         self._index = {id(v): i for i, v in enumerate(var_list)}
+        self._var_specs = [(v.shape, v.dtype) for v in var_list]
         if self.backend == "cpu":
             from refopt.optimizers._fast import FlatState
 
@@ -666,8 +668,15 @@ class Optimizer:
                 self._current_learning_rate = lr_value  # tf-keras evaluates it before the check
             return self._iterations
         if self._built:
-            for _, var in pairs:
-                self._position(var)
+            for k, (_, var) in enumerate(pairs):
+                shape, dtype = self._var_specs[self._position(var)]
+                if var.shape != shape or var.dtype != dtype:
+                    raise ValueError(
+                        f"The variable at position {k} now has shape={var.shape}, "
+                        f"dtype={var.dtype}, but the optimizer was built with shape={shape}, "
+                        f"dtype={dtype} for it; a variable cannot change shape or dtype after "
+                        "build."
+                    )
         present = [(g, v) for g, v in pairs if g is not None]
         if not present:
             raise ValueError(

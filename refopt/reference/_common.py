@@ -12,7 +12,11 @@ FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 
 
 def as_float_array(name, a):
-    """Return ``a`` as an ndarray of float16/32/64, or raise naming ``name``."""
+    """Return ``a`` as a base-class ndarray of float16/32/64, or raise naming ``name``.
+
+    Subclasses are viewed as plain ndarrays (``np.asarray``, no copy): ``np.matrix`` overrides
+    ``*`` with a matrix product, which would silently change the math.
+    """
     if not isinstance(a, np.ndarray):
         raise TypeError(
             f"`{name}` must be a numpy.ndarray. Received: {name} of type {type(a).__name__}"
@@ -22,17 +26,18 @@ def as_float_array(name, a):
             f"`{name}` must have dtype float16, float32 or float64. "
             f"Received: {name} with dtype={a.dtype}"
         )
-    return a
+    return np.asarray(a)
 
 
 def check_like(param, name, a):
     """Check that state or gradient ``a`` has the shape and dtype of ``param``."""
-    as_float_array(name, a)
+    a = as_float_array(name, a)
     if a.shape != param.shape or a.dtype != param.dtype:
         raise ValueError(
             f"`{name}` must have the shape and dtype of the variable, {param.shape} "
             f"{param.dtype}. Received: {name} with shape={a.shape}, dtype={a.dtype}"
         )
+    return a
 
 
 def check_grad(param, grad):
@@ -45,8 +50,7 @@ def check_grad(param, grad):
                 f"dense_shape={grad.dense_shape}, dtype={grad.dtype}"
             )
         return grad
-    check_like(param, "grad", grad)
-    return grad
+    return check_like(param, "grad", grad)
 
 
 def check_scalar(name, x):

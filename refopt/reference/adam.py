@@ -160,12 +160,12 @@ def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, 
     Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015.
     Reddi, Kale & Kumar, "On the Convergence of Adam and Beyond", ICLR 2018 (AMSGrad).
     """
-    as_float_array("param", param)
-    check_grad(param, grad)
-    check_like(param, "m", m)
-    check_like(param, "v", v)
+    param = as_float_array("param", param)
+    grad = check_grad(param, grad)
+    m = check_like(param, "m", m)
+    v = check_like(param, "v", v)
     if vhat is not None:
-        check_like(param, "vhat", vhat)
+        vhat = check_like(param, "vhat", vhat)
     s = adam_scalars(
         param.dtype,
         learning_rate=learning_rate,

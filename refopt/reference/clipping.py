@@ -19,7 +19,7 @@ def _values(name, grad):
     if isinstance(grad, IndexedSlices):
         return grad.values
     if isinstance(grad, np.ndarray) and grad.dtype in FLOAT_DTYPES:
-        return grad
+        return np.asarray(grad)  # a plain ndarray view (np.matrix would make * a matmul)
     raise TypeError(
         f"`{name}` must be a float16/32/64 numpy.ndarray or an IndexedSlices. "
         f"Received: {name} of type {type(grad).__name__}"
@@ -105,7 +105,10 @@ def clip_by_norm(grad, clip_norm):
     dtype = values.dtype
     c = scalar(dtype, max(clip_norm, 0))
     with np.errstate(all="ignore"):
-        l2sum = np.sum(values * values, dtype=dtype)
+        # Sum in C (row-major) order whatever the memory layout, as a TF tensor is laid out:
+        # NumPy adds in memory order, so a transposed view would otherwise round differently.
+        flat = np.ascontiguousarray(values)
+        l2sum = np.sum(flat * flat, dtype=dtype)
         l2norm = np.sqrt(l2sum) if l2sum > 0 else l2sum
         return _rewrap(grad, (values * c) / np.maximum(l2norm, c))
 
@@ -151,8 +154,9 @@ def global_norm(grads):
         )
     dtype = values[0].dtype
     with np.errstate(all="ignore"):
+        flats = [np.ascontiguousarray(v) for v in values]  # C order, as in clip_by_norm
         halves = [
-            dtype.type(np.sum(v * v * scalar(v.dtype, 0.5), dtype=v.dtype)) for v in values
+            dtype.type(np.sum(v * v * scalar(v.dtype, 0.5), dtype=v.dtype)) for v in flats
         ]
         half = np.sum(np.asarray(halves, dtype=dtype), dtype=dtype)
         return np.sqrt(half * scalar(dtype, 2.0))

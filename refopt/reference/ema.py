@@ -43,8 +43,8 @@ def ema_update(average, param, *, ema_momentum):
     always uses ``mu``; Keras 3 initialises it with zeros and uses ``mu = 0`` on the first
     step; PyTorch's ``AveragedModel`` and optax's ``ema`` (with debiasing) differ again.
     """
-    as_float_array("average", average)
-    check_like(average, "param", param)
+    average = as_float_array("average", average)
+    param = check_like(average, "param", param)
     check_scalar("ema_momentum", ema_momentum)
     dtype = average.dtype
     mu = scalar(dtype, ema_momentum)

@@ -89,12 +89,12 @@ def lazy_adam_update(
             learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
             epsilon=epsilon, step=step,
         )
-    as_float_array("param", param)
-    check_grad(param, grad)
-    check_like(param, "m", m)
-    check_like(param, "v", v)
+    param = as_float_array("param", param)
+    grad = check_grad(param, grad)
+    m = check_like(param, "m", m)
+    v = check_like(param, "v", v)
     if vhat is not None:
-        check_like(param, "vhat", vhat)
+        vhat = check_like(param, "vhat", vhat)
     g = grad.deduplicate()
     idx = g.indices
     # The present rows get exactly the dense update (same elementwise operations, same order).

@@ -44,7 +44,7 @@ def apply_weight_decay(param, *, learning_rate, weight_decay):
     the gradient (Loshchilov & Hutter) and multiplied by the learning rate, like PyTorch's
     ``AdamW``; TF-Addons' ``AdamW`` does *not* multiply by the learning rate.
     """
-    as_float_array("param", param)
+    param = as_float_array("param", param)
     check_scalar("learning_rate", learning_rate)
     check_scalar("weight_decay", weight_decay)
     dtype = param.dtype

@@ -196,6 +196,10 @@ def _candidate_kind(candidate, kind):
     return "step"
 
 
+#: Every slot name of refopt's optimizers (Adam: m, v, vhat; SGD: m; with EMA: average).
+_ALL_SLOTS = ("m", "v", "vhat", "average")
+
+
 def _slot_map(candidate, slot_map):
     slot_map = getattr(candidate, "slot_map", None) if slot_map is None else slot_map
     if slot_map is None:
@@ -305,6 +309,12 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
     kind = _candidate_kind(candidate, kind)
     smap = _slot_map(candidate, slot_map)
     ref = trajectory.make_optimizer()
+    unknown = sorted(set(smap) - set(_ALL_SLOTS))
+    if unknown:  # a typo would otherwise silently compare nothing under that name
+        raise ValueError(
+            f"`slot_map` names slots no refopt optimizer has: {unknown}; refopt's slots are "
+            f"{list(_ALL_SLOTS)}. Received: slot_map={smap!r}"
+        )
     ref_vars = [a.copy() for a in trajectory.initial]
     ref.build(ref_vars)
     compared = [(n, smap.get(n, n)) for n in slot_names(ref) if smap.get(n, n) is not None]
@@ -495,7 +505,9 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
             raise ValueError(f"`{name}` must be an integer >= {low}. Received: {name}={value!r}")
     _check_tolerance(tolerance_ulp)
-    vary = tuple(vary)
+    vary = (vary,) if isinstance(vary, str) else tuple(vary)
+    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool)):
+        raise ValueError(f"`seed` must be an integer or None. Received: seed={seed!r}")
     unknown = [v for v in vary if v not in _VARY]
     if unknown:
         raise ValueError(f"`vary` may hold {_VARY}. Received: vary={vary!r}")

@@ -65,12 +65,12 @@ def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, 
     (stable sort, one owner per row, from zero in order of appearance), then
     ``_kernels.adam_sparse_rows``.
     """
-    as_float_array("param", param)
-    check_grad(param, grad)
-    check_like(param, "m", m)
-    check_like(param, "v", v)
+    param = as_float_array("param", param)
+    grad = check_grad(param, grad)
+    m = check_like(param, "m", m)
+    v = check_like(param, "v", v)
     if vhat is not None:
-        check_like(param, "vhat", vhat)
+        vhat = check_like(param, "vhat", vhat)
     s = adam_scalars(param.dtype, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
                      epsilon=epsilon, step=step)
     if param.dtype in FALLBACK_DTYPES:

@@ -41,8 +41,8 @@ def ema_update(average, param, *, ema_momentum):
     TypeError, ValueError
         As :func:`refopt.reference.ema_update`.
     """
-    as_float_array("average", average)
-    check_like(average, "param", param)
+    average = as_float_array("average", average)
+    param = check_like(average, "param", param)
     check_scalar("ema_momentum", ema_momentum)
     dtype = average.dtype
     if dtype in FALLBACK_DTYPES:

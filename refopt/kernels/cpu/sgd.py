@@ -62,9 +62,9 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
     (``_kernels.sgd_multi``). Sparse: rows summed by ``_kernels.dedup_rows``, then
     ``_kernels.sgd_sparse_rows``.
     """
-    as_float_array("param", param)
-    check_grad(param, grad)
-    check_like(param, "m", m)
+    param = as_float_array("param", param)
+    grad = check_grad(param, grad)
+    m = check_like(param, "m", m)
     check_scalar("learning_rate", learning_rate)
     check_scalar("momentum", momentum)
     nesterov = check_flag("nesterov", nesterov)

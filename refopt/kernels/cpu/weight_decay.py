@@ -41,7 +41,7 @@ def apply_weight_decay(param, *, learning_rate, weight_decay):
     TypeError
         As :func:`refopt.reference.apply_weight_decay`.
     """
-    as_float_array("param", param)
+    param = as_float_array("param", param)
     check_scalar("learning_rate", learning_rate)
     check_scalar("weight_decay", weight_decay)
     dtype = param.dtype
