@@ -1,5 +1,12 @@
 import os
 
+# The CUDA tests (tests/test_cuda_*.py) run on numba's CUDA simulator unless told otherwise
+# (scripts/gpu_check.sh sets NUMBA_ENABLE_CUDASIM=0 on a GPU machine). numba reads the variable
+# once, when numba.cuda is first imported, and other test modules import numba (CPU backend)
+# at collection, so it is set here, in the conftest that pytest imports before any test
+# module. It changes nothing for the CPU backend (numba's CPU JIT does not read it).
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
 from hypothesis import settings
 
 # Hypothesis profiles, chosen with REFOPT_HYPOTHESIS_PROFILE (default "ci"):

@@ -44,7 +44,6 @@ COMMON_ERRORS = (
     ({"lr": 0.1}, TypeError, r"unexpected keyword argument 'lr'.*learning_rate"),
     ({"decay": 0.1}, ValueError, r"decay.*legacy"),
     ({"gradient_aggregator": None}, ValueError, r"gradient_aggregator.*legacy"),
-    ({"backend": "cuda"}, NotImplementedError, r"backend='cuda'.*not available"),
     ({"backend": "tpu"}, ValueError, r"backend.*Received: backend='tpu'"),
     ({"convention": "torch"}, NotImplementedError, r"convention='torch'.*not available"),
     ({"convention": "jax"}, ValueError, r"convention.*Received: convention='jax'"),

@@ -120,6 +120,10 @@ class Adam(Optimizer):
 
         return "adam", self.amsgrad, scalars_for
 
+    def _cuda_update(self):
+        return "adam", self.amsgrad, dict(beta_1=self.beta_1, beta_2=self.beta_2,
+                                          epsilon=self.epsilon)
+
     def get_config(self):
         config = super().get_config()
         config.update(

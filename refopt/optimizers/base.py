@@ -37,7 +37,7 @@ from refopt.optimizers import _fast
 
 __all__ = ["Optimizer", "BACKENDS", "CONVENTIONS"]
 
-#: Backends that exist or are planned; "reference" and "cpu" are built in this version.
+#: The backends.
 BACKENDS = ("reference", "cpu", "cuda")
 #: Conventions that exist or are planned; only "tf_keras" is built in this version.
 CONVENTIONS = ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax")
@@ -75,8 +75,10 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
         Which implementation computes the steps: ``"reference"`` (pure NumPy) or ``"cpu"``
         (Numba kernels, bit-identical to the reference in float32/float64: slots kept in one
         flat buffer per dtype, every dense variable of a dtype updated in place by one fused
-        kernel call; float16 is computed by the reference). ``"cuda"`` raises
-        ``NotImplementedError`` in this version.
+        kernel call; float16 is computed by the reference). ``"cuda"``
+        (numba-cuda kernels; variables are device arrays, see
+        :mod:`refopt.optimizers._cuda`; needs an NVIDIA GPU or the CUDA simulator, else
+        ``RuntimeError``).
     convention : str, default "tf_keras"
         Which framework's numerics to reproduce. Only ``"tf_keras"`` (tf.keras 2.11+) exists
         in this version; ``"keras3"``, ``"keras2"``, ``"tf1"``, ``"torch"`` and ``"optax"``
@@ -132,10 +134,15 @@ def _get_backend(backend):
 
         return cpu
     if backend == "cuda":
-        raise NotImplementedError(
-            f"backend={backend!r} is not available in this version of refopt (its kernels are "
-            "not built yet). Use backend='reference' or backend='cpu'."
-        )
+        try:
+            from refopt.kernels import cuda
+        except ImportError as exc:
+            raise RuntimeError(
+                "backend='cuda' needs the numba-cuda package (pip install 'refopt[cuda]') and "
+                f"an NVIDIA GPU. Use backend='cpu' or 'reference'. ({exc})"
+            ) from None
+        cuda.require_device()
+        return cuda
     raise ValueError(
         f"`backend` must be one of {BACKENDS}. Received: backend={backend!r}"
     )
@@ -184,7 +191,9 @@ class Optimizer:
         ``global_clipnorm``; a legacy keyword (``decay``, ``gradient_aggregator``,
         ``gradient_transformers``).
     NotImplementedError
-        A backend or convention planned but not built in this version.
+        A convention planned but not built in this version.
+    RuntimeError
+        ``backend="cuda"`` without numba-cuda, or without a GPU and the CUDA simulator.
 
     Notes
     -----
@@ -278,6 +287,7 @@ class Optimizer:
         self._slots = {}
         self._averages = []
         self._flat = None  # backend="cpu": the flat state (refopt.optimizers._fast.FlatState)
+        self._cuda = None  # backend="cuda": device state (refopt.optimizers._cuda.CudaState)
 
     # ----------------------------------------------------------------- properties
     @property
@@ -440,6 +450,11 @@ class Optimizer:
 
     # ----------------------------------------------------------------- building
     def _check_variable(self, var, where):
+        if self.backend == "cuda":
+            from refopt.optimizers import _cuda
+
+            _cuda.view(var, where)
+            return
         if not isinstance(var, np.ndarray):
             raise TypeError(
                 f"Variables must be numpy.ndarray. Received: {where} of type {type(var).__name__}"
@@ -500,7 +515,13 @@ class Optimizer:
         self._vars = var_list
         self._index = {id(v): i for i, v in enumerate(var_list)}
         self._var_specs = [(v.shape, v.dtype) for v in var_list]
-        if self.backend == "cpu":
+        if self.backend == "cuda":
+            from refopt.optimizers._cuda import CudaState
+
+            self._cuda = CudaState(var_list, self._slot_names(), self.use_ema)
+            self._slots = self._cuda.slots
+            self._averages = self._cuda.averages
+        elif self.backend == "cpu":
             from refopt.optimizers._fast import FlatState
 
             self._flat = FlatState(var_list, self._slot_names(), self.use_ema)
@@ -645,6 +666,10 @@ class Optimizer:
             if isinstance(self._learning_rate, _schedules.LearningRateSchedule)
             else self._learning_rate
         )
+        if self.backend == "cuda":
+            from refopt.optimizers import _cuda
+
+            return _cuda.apply_gradients(self, grads_and_vars, lr_value)
         if self._flat is not None:  # backend="cpu", built: try the cheap checks and fused kernels
             if not isinstance(grads_and_vars, list):
                 grads_and_vars = list(grads_and_vars)
@@ -837,6 +862,11 @@ class Optimizer:
         if not self.use_ema:
             return
         positions = [self._position(v) for v in var_list]
+        if self.backend == "cuda":
+            from refopt.optimizers import _cuda
+
+            _cuda.finalize(self, positions)
+            return
         for i in positions:
             np.copyto(self._vars[i], self._averages[i])
 

@@ -96,6 +96,9 @@ class SGD(Optimizer):
 
         return "sgd", self.nesterov, lambda dtype: dict(alpha=tf_cast(dtype, self.momentum))
 
+    def _cuda_update(self):
+        return "sgd", self.nesterov, dict(momentum=self.momentum)
+
     def get_config(self):
         config = super().get_config()
         config.update(momentum=self.momentum, nesterov=self.nesterov)

@@ -1,0 +1,124 @@
+"""GPU benchmark of backend="cuda" (needs an NVIDIA GPU; run by scripts/gpu_check.sh).
+
+Bytes model (float32, one fused pass, DRAM traffic):
+  dense Adam: reads p, g, m, v and writes p, m, v = 28 B/elem;
+  ceiling:    a device copy kernel, dst[i] = src[i] = 8 B/elem, measured in the same run;
+  GB/s = bytes_model * elements / seconds; "ratio" = Adam GB/s / copy GB/s (target >= 0.8).
+  torch.optim.Adam(fused=True), when torch with CUDA is present: same 28 B/elem model.
+  lazy Adam: 4e6 x 64 table, 16384 Zipf(1.1) indices; bytes = 4*N*D (gradient rows) +
+  28*U*D (U unique rows) + index arrays; the host sort and the index copies are included.
+Timing: warm-up first, then cuda events around each launch, median of the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+
+def _median_ms(fn, cuda, repeats):
+    fn()
+    cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--elements", type=float, default=1e8)
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        raise SystemExit("bench_cuda.py needs a GPU: unset NUMBA_ENABLE_CUDASIM")
+    from numba import cuda
+
+    from refopt.kernels import cuda as kc
+
+    n = int(args.elements)
+    rng = np.random.default_rng(0)
+    host = rng.standard_normal(n, dtype=np.float32)
+    p, g, m = (cuda.to_device(host) for _ in range(3))
+    v = cuda.to_device(np.abs(host))
+    dst = cuda.device_array(n, np.float32)
+    copy_ms = _median_ms(lambda: kc.copy(dst, p), cuda, args.repeats)
+    copy_gbs = 8 * n / copy_ms / 1e6
+    step = [0]
+
+    def adam():
+        step[0] += 1
+        kc.adam_dense(p, g, m, v, learning_rate=1e-4, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                      step=step[0])
+
+    adam_ms = _median_ms(adam, cuda, args.repeats)
+    adam_gbs = 28 * n / adam_ms / 1e6
+    print(f"copy kernel      : {copy_ms:8.3f} ms  {copy_gbs:8.1f} GB/s (8 B/elem, ceiling)")
+    print(f"refopt dense Adam: {adam_ms:8.3f} ms  {adam_gbs:8.1f} GB/s (28 B/elem)  "
+          f"ratio to copy {adam_gbs / copy_gbs:.3f}")
+    del dst
+    try:
+        import torch
+        have_torch = torch.cuda.is_available()
+    except ImportError:
+        have_torch = False
+    if have_torch:
+        tw = torch.from_numpy(host).cuda().requires_grad_()
+        tw.grad = torch.from_numpy(host).cuda()
+        opt = torch.optim.Adam([tw], lr=1e-4, fused=True)
+        opt.step()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(args.repeats):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            opt.step()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e))
+        tms = statistics.median(ts)
+        print(f"torch fused Adam : {tms:8.3f} ms  {28 * n / tms / 1e6:8.1f} GB/s  "
+              f"refopt/torch time ratio {adam_ms / tms:.3f}")
+        del tw, opt
+    else:
+        print("torch with CUDA not present: no torch comparison")
+    del p, g, m, v
+    rows, width, lookups = 4_000_000, 64, 16384
+    table = cuda.to_device(np.zeros((rows, width), np.float32))
+    mt = cuda.to_device(np.zeros((rows, width), np.float32))
+    vt = cuda.to_device(np.zeros((rows, width), np.float32))
+    idx = (rng.zipf(1.1, lookups * 4) - 1)
+    idx = idx[idx < rows][:lookups].astype(np.int64)
+    vals = cuda.to_device(rng.standard_normal((idx.size, width), dtype=np.float32))
+    uniq = np.unique(idx).size
+    step = [0]
+
+    def lazy():
+        step[0] += 1
+        kc.lazy_adam_rows(table, mt, vt, None, vals, idx, learning_rate=1e-3, beta_1=0.9,
+                          beta_2=0.999, epsilon=1e-7, step=step[0])
+
+    lazy()
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.repeats):
+        lazy()
+    cuda.synchronize()
+    lms = (time.perf_counter() - t0) / args.repeats * 1e3
+    lbytes = 4 * idx.size * width + 28 * uniq * width + 3 * 8 * idx.size
+    print(f"lazy Adam        : {lms:8.3f} ms wall per step (host sort + copies included), "
+          f"{idx.size} lookups, {uniq} unique rows, {lbytes / lms / 1e6:8.1f} GB/s "
+          f"(model), ratio to copy {lbytes / lms / 1e6 / copy_gbs:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""The ``@cuda.jit`` kernels (built on first use, one set per ``config.THREADS_PER_BLOCK``).
+
+Every elementwise kernel is a grid-stride loop in which each element is computed by one
+thread with the reference's operations in the reference's order, in the variable's dtype (the
+scalars arrive already rounded to it). No ``fastmath``. Only the norm reduction combines
+values, in a fixed order: each block sums one fixed tile (thread ``t`` adds elements
+``t, t + TPB, ...`` of the tile, then a fixed tree in shared memory), the host adds the block
+sums with ``math.fsum``. Repeated runs give the same bits.
+
+NaN handling follows NumPy: ``minimum``/``maximum`` propagate a NaN from either side.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float64
+
+_BUILT = {}
+
+
+def get(tpb, items):
+    """The kernels for ``tpb`` threads per block and ``items`` elements per thread (cached)."""
+    key = (tpb, items)
+    if key not in _BUILT:
+        _BUILT[key] = _build(tpb, items)
+    return _BUILT[key]
+
+
+class _Kernels:
+    pass
+
+
+def _build(tpb, items):
+    K = _Kernels()
+
+    @cuda.jit(device=True)
+    def clip_one(gi, mode, cv, cden, gscale):
+        if mode == 1:  # np.maximum(np.minimum(g, c), -c)
+            t = gi if (gi < cv or gi != gi) else cv
+            nc = -cv
+            gi = t if (t > nc or t != t) else nc
+        elif mode == 2:  # (g * c) / maximum(norm, c)
+            gi = (gi * cv) / cden
+        elif mode == 3:  # g * scale
+            gi = gi * gscale
+        return gi
+
+    K.clip_one = clip_one
+
+    @cuda.jit(device=True)
+    def adam_one(pi, gi, mi, vi, hi, ams, decay, wd, lr, alpha, c1, c2, eps):
+        if decay:
+            pi = pi - pi * wd * lr
+        mi = mi + (gi - mi) * c1
+        vi = vi + (gi * gi - vi) * c2
+        den = vi
+        if ams:
+            hi = vi if (vi > hi or vi != vi) else hi
+            den = hi
+        pi = pi - (mi * alpha) / (math.sqrt(den) + eps)
+        return pi, mi, vi, hi
+
+    @cuda.jit
+    def adam_dense(p, g, m, v, vh, avg, mode, cv, cden, gscale, decay, wd, lr, alpha, c1, c2,
+                   eps, ams, ema, mu, omu, overwrite):
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        n = p.shape[0]
+        while i < n:
+            gi = clip_one(g[i], mode, cv, cden, gscale)
+            hi = m[i]
+            if ams:
+                hi = vh[i]
+            pi, mi, vi, hi = adam_one(p[i], gi, m[i], v[i], hi, ams, decay, wd, lr, alpha, c1,
+                                      c2, eps)
+            m[i] = mi
+            v[i] = vi
+            if ams:
+                vh[i] = hi
+            if ema:
+                a = mu * avg[i] + omu * pi
+                avg[i] = a
+                if overwrite:
+                    pi = a
+            p[i] = pi
+            i += stride
+
+    K.adam_dense = adam_dense
+
+    @cuda.jit
+    def sgd_dense(p, g, m, avg, mode, cv, cden, gscale, decay, wd, lr, mom, nesterov, ema, mu,
+                  omu, overwrite):
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        n = p.shape[0]
+        while i < n:
+            gi = clip_one(g[i], mode, cv, cden, gscale)
+            pi = p[i]
+            if decay:
+                pi = pi - pi * wd * lr
+            mi = (-gi) * lr + m[i] * mom
+            m[i] = mi
+            if nesterov:
+                pi = pi + ((-gi) * lr + mi * mom)
+            else:
+                pi = pi + mi
+            if ema:
+                a = mu * avg[i] + omu * pi
+                avg[i] = a
+                if overwrite:
+                    pi = a
+            p[i] = pi
+            i += stride
+
+    K.sgd_dense = sgd_dense
+
+    @cuda.jit
+    def lazy_adam_rows(P, M, V, VH, vals, order, starts, urows, zero, ams, decay, wd, lr,
+                       alpha, c1, c2, eps):
+        # One thread owns element (u, c) of unique row u: it sums the gradient rows of u from
+        # zero in order of appearance (order is a stable argsort), then updates that element.
+        k = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        width = P.shape[1]
+        total = urows.shape[0] * width
+        while k < total:
+            u = k // width
+            c = k - u * width
+            r = urows[u]
+            s = zero
+            for j in range(starts[u], starts[u + 1]):
+                s = s + vals[order[j], c]
+            hi = M[r, c]
+            if ams:
+                hi = VH[r, c]
+            pi, mi, vi, hi = adam_one(P[r, c], s, M[r, c], V[r, c], hi, ams, decay, wd, lr,
+                                      alpha, c1, c2, eps)
+            M[r, c] = mi
+            V[r, c] = vi
+            if ams:
+                VH[r, c] = hi
+            P[r, c] = pi
+            k += stride
+
+    K.lazy_adam_rows = lazy_adam_rows
+
+    @cuda.jit
+    def ema_k(avg, p, mu, omu, overwrite):
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        while i < avg.shape[0]:
+            a = mu * avg[i] + omu * p[i]
+            avg[i] = a
+            if overwrite:
+                p[i] = a
+            i += stride
+
+    K.ema_k = ema_k
+
+    @cuda.jit
+    def clip_k(out, g, mode, cv, cden, gscale):
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        while i < out.shape[0]:
+            out[i] = clip_one(g[i], mode, cv, cden, gscale)
+            i += stride
+
+    K.clip_k = clip_k
+
+    @cuda.jit
+    def decay_k(out, p, wd, lr):
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        while i < out.shape[0]:
+            pi = p[i]
+            out[i] = pi - pi * wd * lr
+            i += stride
+
+    K.decay_k = decay_k
+
+    @cuda.jit
+    def sumsq_blocks(g, partial, zero64, half, h):
+        # Block b sums tile [b*tpb*items, (b+1)*tpb*items): each square (times 0.5 for
+        # global_norm's l2_loss) in the gradient dtype, accumulated in float64.
+        sh = cuda.shared.array(tpb, float64)
+        t = cuda.threadIdx.x
+        base = cuda.blockIdx.x * (tpb * items)
+        acc = zero64
+        n = g.shape[0]
+        for k in range(items):
+            i = base + k * tpb + t
+            if i < n:
+                x = g[i]
+                sq = x * x
+                if half:
+                    sq = sq * h
+                acc = acc + sq
+        sh[t] = acc
+        cuda.syncthreads()
+        s = tpb // 2
+        while s > 0:
+            if t < s:
+                sh[t] = sh[t] + sh[t + s]
+            cuda.syncthreads()
+            s //= 2
+        if t == 0:
+            partial[cuda.blockIdx.x] = sh[0]
+
+    K.sumsq_blocks = sumsq_blocks
+
+    @cuda.jit
+    def copy_k(dst, src):
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        while i < dst.shape[0]:
+            dst[i] = src[i]
+            i += stride
+
+    K.copy_k = copy_k
+    return K

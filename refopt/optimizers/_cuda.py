@@ -1,0 +1,263 @@
+"""The step of ``backend="cuda"``: validation first, then one fused launch per tensor.
+
+Variables, gradients and state live on the GPU. A variable is the caller's object (a numba
+device array, or anything with ``__cuda_array_interface__``: CuPy, PyTorch CUDA tensors),
+identified by object identity and updated in place through a numba view of its memory; slots
+and EMA averages are numba device arrays. Dense gradients are device arrays of the variable's
+shape and dtype; ``LazyAdam`` also takes :class:`~refopt.IndexedSlices` gradients (host
+``values`` and ``indices``, copied over each step).
+
+Everything that can raise is checked (and every scalar, norm and clip divisor computed) before
+the first launch, so a raising ``apply_gradients`` changes nothing. Then each variable gets
+one launch of the fused kernel (clip, weight decay, update, EMA in one pass). This version
+launches once per tensor (no multi-tensor segment table yet).
+
+Not supported on this backend (clear errors): float16 variables, non-lazy sparse gradients
+(``Adam``/``SGD`` with an IndexedSlices), checkpoints.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from refopt.indexed_slices import IndexedSlices
+
+
+def _kc():
+    from refopt.kernels import cuda as kc
+
+    return kc
+
+
+def view(var, where):
+    """The numba device view of a variable, after checking dtype and layout."""
+    kc = _kc()
+    d = kc.as_device(where, var)
+    if np.dtype(d.dtype) not in kc.DTYPES:
+        raise TypeError(
+            f"backend='cuda' computes in float32 or float64. Received: {where} with "
+            f"dtype={d.dtype}"
+        )
+    if not d.is_c_contiguous():
+        raise ValueError(
+            f"Variables must be C-contiguous (they are updated in place). Received: {where} "
+            f"with shape={d.shape}"
+        )
+    return d
+
+
+class CudaState:
+    """Device views of the variables, zeroed device slots, EMA averages (device copies)."""
+
+    def __init__(self, var_list, slot_names, use_ema):
+        kc = _kc()
+        self.views = [view(v, f"var_list[{i}]") for i, v in enumerate(var_list)]
+        self.slots = {name: [kc.zeros_like(d) for d in self.views] for name in slot_names}
+        self.averages = []
+        if use_ema:
+            for d in self.views:
+                a = kc.cuda.device_array(d.shape, d.dtype)
+                kc.copy(a, d)
+                self.averages.append(a)
+
+
+def _check_pairs(opt, grads_and_vars):
+    pairs = []
+    for i, pair in enumerate(grads_and_vars):
+        try:
+            grad, var = pair
+        except (TypeError, ValueError):
+            raise TypeError(
+                "`grads_and_vars` must be an iterable of (gradient, variable) pairs. "
+                f"Received at position {i}: {type(pair).__name__}"
+            ) from None
+        pairs.append((grad, var))
+    seen = set()
+    out = []
+    for i, (grad, var) in enumerate(pairs):
+        d = view(var, f"variable at position {i}")
+        if id(var) in seen:
+            raise ValueError(f"The same variable appears twice in `grads_and_vars` (position {i}).")
+        seen.add(id(var))
+        if grad is None:
+            out.append((None, var, d))
+            continue
+        shape, dtype = tuple(d.shape), np.dtype(d.dtype)
+        if isinstance(grad, IndexedSlices):
+            if not opt._lazy_sparse:
+                raise NotImplementedError(
+                    f"Gradient at position {i} is an IndexedSlices: backend='cuda' takes sparse "
+                    "gradients only with LazyAdam in this version. Densify it on the device, "
+                    "or use backend='cpu'."
+                )
+            if grad.dense_shape != shape or grad.dtype != dtype:
+                raise ValueError(
+                    f"Gradient at position {i} (IndexedSlices) has dense_shape="
+                    f"{grad.dense_shape}, dtype={grad.dtype}; its variable has shape={shape}, "
+                    f"dtype={dtype}."
+                )
+            out.append((grad, var, d))
+            continue
+        g = _kc().as_device(f"Gradient at position {i}", grad)
+        if tuple(g.shape) != shape or np.dtype(g.dtype) != dtype:
+            err = ValueError if tuple(g.shape) != shape else TypeError
+            raise err(
+                f"Gradient at position {i} has shape={tuple(g.shape)}, dtype={g.dtype}, but "
+                f"its variable has shape={shape}, dtype={dtype}."
+            )
+        if not g.is_c_contiguous():
+            raise ValueError(f"Gradient at position {i} must be C-contiguous on the device.")
+        out.append((g, var, d))
+    return out
+
+
+def apply_gradients(opt, grads_and_vars, lr_value):
+    """``Optimizer.apply_gradients`` for ``backend="cuda"`` (same order, same errors)."""
+    from refopt import schedules as _schedules
+    from refopt.optimizers.base import _INT64_MAX
+    from refopt.reference import clipping as rclip
+
+    kc = _kc()
+    is_schedule = isinstance(opt._learning_rate, _schedules.LearningRateSchedule)
+    pairs = _check_pairs(opt, grads_and_vars)
+    if not pairs:
+        if is_schedule:
+            opt._current_learning_rate = lr_value
+        return opt._iterations
+    if opt._iterations >= _INT64_MAX:
+        raise OverflowError(f"`iterations` is {opt._iterations}; one more step would overflow.")
+    present = [(g, var, d) for g, var, d in pairs if g is not None]
+    if not present:
+        raise ValueError(
+            "No gradients provided for any variable (every gradient is None). Received "
+            f"{len(pairs)} (gradient, variable) pairs."
+        )
+    if len(present) < len(pairs):
+        missing = [i for i, (g, _, _) in enumerate(pairs) if g is None]
+        warnings.warn(
+            f"Gradients do not exist for the variables at positions {missing}; they are "
+            "skipped in this step.", UserWarning, stacklevel=3)
+    building = not opt._built
+    if building:
+        opt.build([var for _, var, _ in pairs])
+    try:
+        calls = _prepare(opt, present, lr_value, kc, rclip)
+    except BaseException:
+        if building:
+            opt._reset_state()
+        raise
+    for fn, args, kwargs in calls:  # nothing can fail from here on
+        fn(*args, **kwargs)
+    opt._iterations += 1
+    if is_schedule:
+        opt._current_learning_rate = lr_value
+    return opt._iterations
+
+
+def _prepare(opt, present, lr_value, kc, rclip):
+    from refopt.optimizers._fast import fast_capable
+
+    if not fast_capable(type(opt)):
+        raise NotImplementedError(
+            f"{type(opt).__name__} defines its own update; backend='cuda' has kernels only "
+            "for the updates of Adam, AdamW, LazyAdam and SGD.")
+    state = opt._cuda
+    positions = [opt._position(var) for _, var, _ in present]
+    for k, (i, (_, var, d)) in enumerate(zip(positions, present)):
+        shape, dtype = opt._var_specs[i]
+        if tuple(d.shape) != shape or np.dtype(d.dtype) != dtype:
+            raise ValueError(f"The variable at position {k} changed shape or dtype after build.")
+    step = opt._iterations + 1
+    grads = [g for g, _, _ in present]
+    # Clipping (tf-keras: clipnorm, else global_clipnorm, else clipvalue). Dense gradients are
+    # clipped inside the fused kernel; sparse values on the host by the reference.
+    dense_clip = [(0,)] * len(grads)
+    if opt.clipnorm and opt.clipnorm > 0:
+        c = max(opt.clipnorm, 0)
+        for k, g in enumerate(grads):
+            if isinstance(g, IndexedSlices):
+                grads[k] = rclip.clip_by_norm(g, opt.clipnorm)
+            else:
+                dt = np.dtype(g.dtype)
+                cc = dt.type(c)
+                s = kc.sumsq(g)
+                with np.errstate(all="ignore"):
+                    n = np.sqrt(s) if s > 0 else s
+                    dense_clip[k] = (2, c, np.maximum(n, cc))
+    elif opt.global_clipnorm and opt.global_clipnorm > 0:
+        dtypes = sorted({np.dtype(g.dtype).name for g in grads})
+        if len(dtypes) > 1:
+            raise TypeError(
+                "All gradients of a global norm must have the same dtype (TensorFlow refuses "
+                f"to stack mixed dtypes). Received dtypes {dtypes}")
+        dt = np.dtype(dtypes[0])
+        halves = []
+        for g in grads:
+            if isinstance(g, IndexedSlices):
+                flat = np.ascontiguousarray(g.values)
+                with np.errstate(all="ignore"):
+                    halves.append(dt.type(np.sum(flat * flat * dt.type(0.5), dtype=dt)))
+            else:
+                halves.append(kc.sumsq(g, half=True))
+        with np.errstate(all="ignore"):
+            half = np.sum(np.asarray(halves, dtype=dt), dtype=dt)
+            norm = np.sqrt(half * dt.type(2.0))
+        _, gscale = _global_scale(norm, opt.global_clipnorm)
+        for k, g in enumerate(grads):
+            if isinstance(g, IndexedSlices):
+                grads[k] = rclip.clip_by_global_norm([g], opt.global_clipnorm, use_norm=norm)[0][0]
+            else:
+                dense_clip[k] = (3, None, None, gscale)
+    elif opt.clipvalue and opt.clipvalue > 0:
+        for k, g in enumerate(grads):
+            if isinstance(g, IndexedSlices):
+                grads[k] = rclip.clip_by_value(g, opt.clipvalue)
+            else:
+                dense_clip[k] = (1, opt.clipvalue)
+    ema = opt.use_ema
+    overwrite = bool(ema and opt.ema_overwrite_frequency
+                     and step % opt.ema_overwrite_frequency == 0)
+    kind, flag, hyper = opt._cuda_update()
+    calls = []
+    for k, (i, g) in enumerate(zip(positions, grads)):
+        d = state.views[i]
+        wd = opt.weight_decay if (opt.weight_decay is not None
+                                  and id(opt._vars[i]) not in opt._exclude_ids) else None
+        avg = state.averages[i] if ema else None
+        m = state.slots["m"][i]
+        if isinstance(g, IndexedSlices):
+            vals = kc.to_device(np.ascontiguousarray(g.values).reshape(g.values.shape[0], -1)
+                                if g.values.shape[0] else np.zeros((0, 1), g.dtype))
+            vh = state.slots["vhat"][i] if flag else None
+            calls.append((kc.lazy_adam_rows, (d, m, state.slots["v"][i], vh, vals, g.indices),
+                          dict(learning_rate=lr_value, step=step, weight_decay=wd, **hyper)))
+            if ema:
+                calls.append((kc.ema, (avg, d),
+                              dict(ema_momentum=opt.ema_momentum, overwrite=overwrite)))
+            continue
+        common = dict(learning_rate=lr_value, weight_decay=wd, clip=dense_clip[k],
+                      average=avg, ema_momentum=opt.ema_momentum if ema else None,
+                      overwrite=overwrite)
+        if kind == "adam":
+            vh = state.slots["vhat"][i] if flag else None
+            calls.append((kc.adam_dense, (d, g, m, state.slots["v"][i], vh),
+                          dict(step=step, **hyper, **common)))
+        else:
+            calls.append((kc.sgd_dense, (d, g, m), dict(nesterov=flag, **hyper, **common)))
+    return calls
+
+
+def _global_scale(norm, clip_norm):
+    dtype = np.asarray(norm).dtype
+    n = dtype.type(norm)
+    c = dtype.type(clip_norm)
+    one = dtype.type(1.0)
+    with np.errstate(all="ignore"):
+        return n, c * np.minimum(one / n, one / c) + (n - n)
+
+
+def finalize(opt, positions):
+    for i in positions:
+        _kc().copy(opt._cuda.views[i], opt._cuda.averages[i])

@@ -1,0 +1,263 @@
+"""backend="cuda": the numba-cuda kernels and the optimizers, against the reference.
+
+Where they run: on numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, set in
+``tests/conftest.py`` before anything imports numba), or on a GPU when the variable is 0
+(``scripts/gpu_check.sh``). Tests marked ``gpu`` need a real device and are skipped otherwise.
+Without numba-cuda every test here is skipped.
+
+Why bit-identical under the simulator: it executes each kernel's Python code with NumPy
+scalars of the array dtype, so every ``+ - * /`` is the same IEEE operation, in the same
+order, as the reference's NumPy array arithmetic; ``math.sqrt`` returns a Python float (the
+correctly rounded double square root) which, added to a float32 ``epsilon`` under NumPy 2's
+rules, is first rounded to float32: a double rounding that is exact for square roots of
+float32 values. So elementwise steps are compared with ``array_equal``. Norms are not: the
+kernels add fixed tiles in float64 (deterministic, more accurate) where the reference adds in
+the dtype in NumPy's pairwise order, so norm-based clipping is compared within a few ulp.
+
+On a real GPU NVVM may contract ``a * b + c`` into FMA (its default ``-fma=1``; numba-cuda
+exposes no switch other than ``fastmath``, which is off), which can change the last bit: the
+``gpu`` test therefore allows a few ulp per step.
+
+Sizes are tiny and ``config.THREADS_PER_BLOCK`` is 4, so every array spans several blocks.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import refopt
+from refopt import IndexedSlices
+from refopt import reference as R
+
+kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
+
+SIM = kc.simulator
+ON_DEVICE = (not SIM) and kc.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not ON_DEVICE, reason="needs an NVIDIA GPU (not the simulator)")
+exact_or_ulps = (lambda a, b: np.testing.assert_array_equal(a, b)) if SIM else (
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=8 * np.finfo(b.dtype).eps, atol=0))
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 4)
+    monkeypatch.setattr(kc.config, "ITEMS_PER_THREAD", 2)
+
+
+def _host(a):
+    return a.copy_to_host()
+
+
+HP = dict(learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ams", [False, True])
+def test_adam_kernel_bit_identical(dtype, ams):
+    rng = np.random.default_rng(1)
+    p, g, m = (rng.standard_normal(37).astype(dtype) for _ in range(3))
+    v, h = (np.abs(rng.standard_normal(37)).astype(dtype) for _ in range(2))
+    D = [kc.to_device(x) for x in (p, g, m, v, h)]
+    kc.adam_dense(D[0], D[1], D[2], D[3], D[4] if ams else None, step=3, weight_decay=0.1, **HP)
+    r = R.adam_update(R.apply_weight_decay(p, learning_rate=0.01, weight_decay=0.1), g, m, v,
+                      h if ams else None, step=3, **HP)
+    for dev, ref in zip((D[0], D[2], D[3], D[4]), r):
+        if ref is not None:
+            exact_or_ulps(_host(dev), ref)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_kernel_bit_identical(nesterov):
+    rng = np.random.default_rng(2)
+    p, g, m = (rng.standard_normal(23).astype(np.float32) for _ in range(3))
+    D = [kc.to_device(x) for x in (p, g, m)]
+    kc.sgd_dense(*D, learning_rate=0.1, momentum=0.9, nesterov=nesterov)
+    r = R.sgd_update(p, g, m, learning_rate=0.1, momentum=0.9, nesterov=nesterov)
+    exact_or_ulps(_host(D[0]), r.param)
+    exact_or_ulps(_host(D[2]), r.m)
+
+
+def test_lazy_adam_rows_duplicates_summed_in_order():
+    rng = np.random.default_rng(3)
+    idx = np.array([5, 1, 5, 0, 5, 1, 7])
+    vals = (rng.standard_normal((7, 3)) * 1e3).astype(np.float32)
+    t, m = (rng.standard_normal((9, 3)).astype(np.float32) for _ in range(2))
+    v = np.abs(rng.standard_normal((9, 3))).astype(np.float32)
+    D = [kc.to_device(x) for x in (t, m, v)]
+    kc.lazy_adam_rows(*D, None, vals, idx, step=2, **HP)
+    r = R.lazy_adam_update(t, IndexedSlices(vals, idx, t.shape), m, v, step=2, **HP)
+    for dev, ref in zip(D, r[:3]):
+        exact_or_ulps(_host(dev), ref)
+
+
+def test_clip_value_ema_decay_kernels():
+    g = np.array([-3.0, -0.5, 0.0, 0.25, 2.0, np.inf, -np.inf, np.nan, 1.0], np.float32)
+    out = kc.to_device(np.zeros_like(g))
+    kc.clip_dense(out, kc.to_device(g), 1, 1.0)
+    np.testing.assert_array_equal(_host(out), R.clip_by_value(g, 1.0))
+    a, p = np.linspace(-1, 1, 11).astype(np.float64), np.linspace(2, 3, 11)
+    A, P = kc.to_device(a), kc.to_device(p)
+    kc.ema(A, P, ema_momentum=0.9)
+    exact_or_ulps(_host(A), R.ema_update(a, p, ema_momentum=0.9))
+    out = kc.to_device(np.zeros_like(p))
+    kc.weight_decay(out, P, learning_rate=0.1, weight_decay=0.3)
+    exact_or_ulps(_host(out), R.apply_weight_decay(p, learning_rate=0.1, weight_decay=0.3))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_norm_is_deterministic_and_close(dtype):
+    g = np.random.default_rng(4).standard_normal(101).astype(dtype)
+    G = kc.to_device(g)
+    s1, s2 = kc.sumsq(G), kc.sumsq(G)
+    assert s1.tobytes() == s2.tobytes()
+    np.testing.assert_allclose(s1, np.sum(g * g), rtol=4 * np.finfo(dtype).eps)
+    np.testing.assert_allclose(kc.sumsq(G, half=True), np.sum(g * g * dtype(0.5)),
+                               rtol=4 * np.finfo(dtype).eps)
+
+
+CASES = [
+    (refopt.Adam, dict(learning_rate=0.01)),
+    (refopt.Adam, dict(learning_rate=0.01, amsgrad=True, use_ema=True,
+                       ema_overwrite_frequency=2)),
+    (refopt.AdamW, dict(learning_rate=0.01, weight_decay=0.05, clipvalue=0.3)),
+    (refopt.SGD, dict(learning_rate=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    (refopt.SGD, dict(learning_rate=0.1, momentum=0.5, use_ema=True)),
+    (refopt.LazyAdam, dict(learning_rate=0.01, weight_decay=0.1)),
+]
+
+
+def _run(cls, kw, dtype=np.float32, steps=3, sparse=False):
+    rng = np.random.default_rng(5)
+    shapes = [(6, 3), (5,)]
+    init = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(dtype) for s in shapes] for _ in range(steps)]
+    ref = cls(backend="reference", **kw)
+    dev = cls(backend="cuda", **kw)
+    hv = [x.copy() for x in init]
+    dv = [kc.to_device(x) for x in init]
+    for t in range(steps):
+        gs = list(grads[t])
+        if sparse:
+            idx = np.array([4, 0, 4, 2, 4])
+            vals = rng.standard_normal((5, 3)).astype(dtype)
+            rg = [IndexedSlices(vals, idx, shapes[0]), gs[1]]
+            dg = [IndexedSlices(vals, idx, shapes[0]), kc.to_device(gs[1])]
+        else:
+            rg, dg = gs, [kc.to_device(g) for g in gs]
+        ref.apply_gradients(zip(rg, hv))
+        assert dev.apply_gradients(zip(dg, dv)) == t + 1
+        for h, d in zip(hv, dv):
+            yield ("param", h, _host(d))
+            for name in dev.slot_names:
+                yield (name, ref.get_slot(h, name), _host(dev.get_slot(d, name)))
+
+
+@pytest.mark.parametrize("cls,kw", CASES, ids=lambda c: getattr(c, "__name__", ""))
+def test_optimizer_matches_reference_every_step(cls, kw):
+    for name, ref, got in _run(cls, kw):
+        exact_or_ulps(got, ref)
+
+
+def test_lazy_adam_sparse_step_matches_reference():
+    for name, ref, got in _run(refopt.LazyAdam, dict(learning_rate=0.01, amsgrad=True,
+                                                      use_ema=True), sparse=True):
+        exact_or_ulps(got, ref)
+
+
+@pytest.mark.parametrize("kw", [dict(clipnorm=0.5), dict(global_clipnorm=0.7)])
+def test_norm_clipping_close_to_reference(kw):
+    # The norm differs from the reference's pairwise float32 sum within its rounding error.
+    for name, ref, got in _run(refopt.Adam, dict(learning_rate=0.01, **kw), dtype=np.float64):
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-15)
+
+
+def test_float64_adam_and_finalize():
+    w = kc.to_device(np.array([1.0, 2.0, 3.0]))
+    opt = refopt.Adam(learning_rate=0.1, use_ema=True, ema_momentum=0.5, backend="cuda")
+    opt.apply_gradients([(kc.to_device(np.array([0.1, -0.2, 0.3])), w)])
+    avg = _host(opt.get_slot(w, "average"))
+    opt.finalize_variable_values([w])
+    np.testing.assert_array_equal(_host(w), avg)
+
+
+def test_host_array_refused_with_helper_named():
+    opt = refopt.Adam(backend="cuda")
+    w = np.ones(3, np.float32)
+    with pytest.raises(TypeError, match=r"to_device"):
+        opt.apply_gradients([(np.ones(3, np.float32), w)])
+    assert not opt.built
+    dw = kc.to_device(w)
+    with pytest.raises(TypeError, match=r"Gradient at position 0.*to_device"):
+        opt.apply_gradients([(np.ones(3, np.float32), dw)])
+    assert not opt.built and opt.iterations == 0
+
+
+def test_bad_step_changes_nothing():
+    dw = kc.to_device(np.ones(3, np.float32))
+    opt = refopt.SGD(learning_rate=0.1, backend="cuda")
+    opt.apply_gradients([(kc.to_device(np.ones(3, np.float32)), dw)])
+    before = _host(dw)
+    with pytest.raises(ValueError, match="shape"):
+        opt.apply_gradients([(kc.to_device(np.ones(4, np.float32)), dw)])
+    np.testing.assert_array_equal(_host(dw), before)
+    assert opt.iterations == 1
+
+
+def test_non_lazy_sparse_and_float16_refused():
+    dw = kc.to_device(np.ones((3, 2), np.float32))
+    g = IndexedSlices(np.ones((1, 2), np.float32), [1], (3, 2))
+    with pytest.raises(NotImplementedError, match="LazyAdam"):
+        refopt.Adam(backend="cuda").apply_gradients([(g, dw)])
+    with pytest.raises(TypeError, match="float32 or float64"):
+        refopt.Adam(backend="cuda").build([kc.to_device(np.ones(2, np.float16))])
+
+
+def test_no_gpu_no_simulator_is_one_clear_error():
+    code = ("import refopt\n"
+            "try:\n    refopt.Adam(backend='cuda')\n"
+            "except RuntimeError as e:\n    print('RuntimeError', e)\n")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    if ON_DEVICE or "RuntimeError" not in out.stdout and out.returncode == 0:
+        pytest.skip("a GPU is present")
+    assert "RuntimeError backend='cuda' needs an NVIDIA GPU" in out.stdout, out.stderr
+
+
+def test_importing_refopt_does_not_import_numba_cuda():
+    code = ("import sys, refopt, refopt.optimizers\n"
+            "refopt.Adam(backend='cpu')\n"
+            "print(any(m.startswith('numba.cuda') or m.startswith('numba_cuda') "
+            "for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+@gpu
+@needs_gpu
+def test_foreign_cuda_array_interface_on_device():
+    """CuPy or torch CUDA tensors are updated in place (needs a GPU and one of them)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    w = torch.tensor([1.0, 2.0, 3.0], device="cuda")
+    g = torch.tensor([0.1, -0.2, 0.3], device="cuda")
+    refopt.Adam(learning_rate=0.1, backend="cuda").apply_gradients([(g, w)])
+    ref = np.array([1.0, 2.0, 3.0], np.float32)
+    refopt.Adam(learning_rate=0.1).apply_gradients([(np.array([0.1, -0.2, 0.3], np.float32),
+                                                     ref)])
+    np.testing.assert_allclose(w.cpu().numpy(), ref, rtol=8 * np.finfo(np.float32).eps)
+
+
+@gpu
+@needs_gpu
+def test_repeated_runs_identical_bits_on_device():
+    kc.config.THREADS_PER_BLOCK = 256
+    g = np.random.default_rng(9).standard_normal(1 << 20).astype(np.float32)
+    G = kc.to_device(g)
+    assert len({kc.sumsq(G).tobytes() for _ in range(5)}) == 1
