@@ -82,6 +82,11 @@ def _check_optimizer(optimizer):
         raise TypeError(
             f"`optimizer` must be a refopt optimizer. Received: {type(optimizer).__name__}"
         )
+    if optimizer.backend == "cuda":
+        raise NotImplementedError(
+            "Checkpoints of backend='cuda' optimizers (state on the GPU) are not supported in "
+            "this version; copy the state to the host with an optimizer of backend='cpu'."
+        )
 
 
 def _check_variables(variables):

@@ -261,3 +261,12 @@ def test_repeated_runs_identical_bits_on_device():
     g = np.random.default_rng(9).standard_normal(1 << 20).astype(np.float32)
     G = kc.to_device(g)
     assert len({kc.sumsq(G).tobytes() for _ in range(5)}) == 1
+
+
+def test_checkpoints_of_cuda_optimizers_are_refused_clearly(tmp_path):
+    w = kc.to_device(np.ones(4, np.float32))
+    opt = refopt.Adam(0.1, backend="cuda")
+    opt.apply_gradients([(kc.to_device(np.ones(4, np.float32)), w)])
+    with pytest.raises(NotImplementedError, match="backend='cuda'"):
+        refopt.save_checkpoint(tmp_path / "c.npz", opt, [w])
+    assert not (tmp_path / "c.npz").exists()
