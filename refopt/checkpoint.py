@@ -56,12 +56,6 @@ class CheckpointError(ValueError):
     """A checkpoint file cannot be read, is corrupted, or does not match the optimizer."""
 
 
-def _slot_names(optimizer):
-    from refopt.testing.trajectory import slot_names
-
-    return slot_names(optimizer)
-
-
 def _jsonable(x):
     if isinstance(x, dict):
         return {k: _jsonable(v) for k, v in x.items()}
@@ -192,7 +186,7 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
     _check_optimizer(optimizer)
     variables = _check_variables(variables)
     built = _built_count(optimizer) > 0
-    names = _slot_names(optimizer)
+    names = optimizer.slot_names
     arrays = {}
     if built:
         n_built = _built_count(optimizer)
@@ -362,7 +356,7 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
     if not isinstance(iterations, numbers.Integral) or isinstance(iterations, bool) \
             or not 0 <= iterations < 2**63:
         raise CheckpointError(f"{p} has an invalid iterations={iterations!r}.")
-    names = _slot_names(optimizer)
+    names = optimizer.slot_names
     if meta["built"] and list(names) != meta["slots"]:
         raise CheckpointError(f"{p} has slots {meta['slots']}; this optimizer has {list(names)}.")
     slots = {}

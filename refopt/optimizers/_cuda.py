@@ -64,16 +64,9 @@ class CudaState:
 
 
 def _check_pairs(opt, grads_and_vars):
-    pairs = []
-    for i, pair in enumerate(grads_and_vars):
-        try:
-            grad, var = pair
-        except (TypeError, ValueError):
-            raise TypeError(
-                "`grads_and_vars` must be an iterable of (gradient, variable) pairs. "
-                f"Received at position {i}: {type(pair).__name__}"
-            ) from None
-        pairs.append((grad, var))
+    from refopt.optimizers.base import unpack_pairs
+
+    pairs = unpack_pairs(grads_and_vars)
     seen = set()
     out = []
     for i, (grad, var) in enumerate(pairs):

@@ -161,6 +161,21 @@ def _check_convention(convention):
     )
 
 
+def unpack_pairs(grads_and_vars):
+    """``grads_and_vars`` as a list of ``(grad, var)`` tuples, or a TypeError naming the position."""
+    pairs = []
+    for i, pair in enumerate(grads_and_vars):
+        try:
+            grad, var = pair
+        except (TypeError, ValueError):
+            raise TypeError(
+                "`grads_and_vars` must be an iterable of (gradient, variable) pairs. "
+                f"Received at position {i}: {type(pair).__name__}"
+            ) from None
+        pairs.append((grad, var))
+    return pairs
+
+
 def _describe(a):
     if isinstance(a, np.ndarray):
         return f"ndarray(shape={a.shape}, dtype={a.dtype})"
@@ -568,16 +583,7 @@ class Optimizer:
 
     # ----------------------------------------------------------------- the step
     def _check_pairs(self, grads_and_vars):
-        pairs = []
-        for i, pair in enumerate(grads_and_vars):
-            try:
-                grad, var = pair
-            except (TypeError, ValueError):
-                raise TypeError(
-                    "`grads_and_vars` must be an iterable of (gradient, variable) pairs. "
-                    f"Received at position {i}: {type(pair).__name__}"
-                ) from None
-            pairs.append((grad, var))
+        pairs = unpack_pairs(grads_and_vars)
         seen = set()
         for i, (grad, var) in enumerate(pairs):
             self._check_variable(var, f"variable at position {i}")

@@ -65,6 +65,7 @@ import os
 
 import numpy as np
 
+from refopt.checkpoint import _jsonable  # one JSON-safe conversion for both file formats
 from refopt.indexed_slices import IndexedSlices
 from refopt.testing.trajectory import (
     State,
@@ -176,16 +177,6 @@ def _header(trajectory, optimizer, seed):
         "slots": list(slot_names(optimizer)),
         "steps": trajectory.steps,
     }
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
 
 
 def write_golden(trajectory, *, npz_path=None, json_path=None, seed=None):

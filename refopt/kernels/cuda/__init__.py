@@ -70,7 +70,16 @@ def _kset():
 
 
 def is_device_array(a):
-    """Whether ``a`` is a numba device array (or the simulator's)."""
+    """Whether ``a`` is a numba device array (or the simulator's).
+
+    Parameters
+    ----------
+    a : object
+
+    Returns
+    -------
+    bool
+    """
     if simulator:
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
@@ -85,6 +94,22 @@ def as_device(name, a):
 
     Accepts numba device arrays and objects with ``__cuda_array_interface__`` (CuPy arrays,
     PyTorch CUDA tensors). A host ``numpy.ndarray`` is refused with the helper to move it.
+
+    Parameters
+    ----------
+    name : str
+        How to name ``a`` in an error message.
+    a : device array or object with ``__cuda_array_interface__``
+
+    Returns
+    -------
+    numba device array
+        A view of the same device memory.
+
+    Raises
+    ------
+    TypeError
+        For a host ndarray (naming ``to_device``) or any other object.
     """
     if isinstance(a, np.ndarray):
         raise TypeError(
@@ -118,7 +143,12 @@ def zeros_like(a):
 
 
 def copy(dst, src):
-    """``dst[...] = src`` on the device (same shape and dtype, C-contiguous)."""
+    """``dst[...] = src`` on the device (same shape and dtype, C-contiguous).
+
+    Parameters
+    ----------
+    dst, src : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    """
     if dst.size == 0:
         return
     K, tpb = _kset()
@@ -143,6 +173,16 @@ def sumsq(g, half=False):
     accumulated in float64 on the device in a fixed order and added on the host with
     ``math.fsum``; the result is rounded once to ``g``'s dtype. It agrees with NumPy's
     pairwise sum in the dtype to within its rounding error (a few ulp in float32).
+
+    Parameters
+    ----------
+    g : numba device array of float32 or float64, C-contiguous, any shape
+    half : bool
+        Multiply each square by 0.5 (TensorFlow's ``l2_loss``).
+
+    Returns
+    -------
+    numpy scalar of ``g``'s dtype
     """
     dtype = np.dtype(g.dtype)
     if g.size == 0:
@@ -158,7 +198,16 @@ def sumsq(g, half=False):
 
 
 def clip_dense(out, g, mode, clip=None, cden=None, gscale=None):
-    """``out = clip(g)`` (mode as :func:`clip_args`), elementwise as the reference."""
+    """``out = clip(g)`` (mode as :func:`clip_args`), elementwise as the reference.
+
+    Parameters
+    ----------
+    out, g : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    mode : int
+        0 none, 1 by value, 2 by norm, 3 global scale (see :func:`clip_args`).
+    clip, cden, gscale : float or None
+        The threshold, the norm divisor ``maximum(norm, clip)``, the global scale.
+    """
     if g.size == 0:
         return
     K, tpb = _kset()
@@ -167,7 +216,14 @@ def clip_dense(out, g, mode, clip=None, cden=None, gscale=None):
 
 
 def weight_decay(out, p, *, learning_rate, weight_decay):
-    """``out = p - p * wd * lr`` (:func:`refopt.reference.apply_weight_decay`)."""
+    """``out = p - p * wd * lr`` (:func:`refopt.reference.apply_weight_decay`).
+
+    Parameters
+    ----------
+    out, p : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    learning_rate, weight_decay : float
+        Rounded as the reference rounds them (``lr`` through float32, ``wd`` as ``tf.cast``).
+    """
     if p.size == 0:
         return
     dt = np.dtype(p.dtype)
@@ -177,7 +233,16 @@ def weight_decay(out, p, *, learning_rate, weight_decay):
 
 
 def ema(average, p, *, ema_momentum, overwrite=False):
-    """``average = mu * average + (1 - mu) * p`` in place; then ``p = average`` if asked."""
+    """``average = mu * average + (1 - mu) * p`` in place; then ``p = average`` if asked.
+
+    Parameters
+    ----------
+    average, p : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    ema_momentum : float
+        ``mu`` in [0, 1].
+    overwrite : bool
+        Then write the new average into ``p``.
+    """
     if p.size == 0:
         return
     dt = np.dtype(p.dtype)
@@ -206,6 +271,30 @@ def adam_dense(p, g, m, v, vhat=None, *, learning_rate, beta_1, beta_2, epsilon,
     In the order of the optimizer step: clip ``g`` (``clip`` = :func:`clip_args`'s tuple
     without the dtype), weight decay, the update of :func:`refopt.reference.adam_update`,
     and with ``average`` the EMA (then ``p = average`` if ``overwrite``).
+
+    Parameters
+    ----------
+    p, g, m, v : numba device array of float32 or float64, C-contiguous, same shape and dtype
+        Variable, gradient, moments; ``p``, ``m``, ``v`` are updated in place.
+    vhat : device array like ``p`` or None
+        AMSGrad maximum (None: plain Adam).
+    learning_rate, beta_1, beta_2, epsilon : float
+    step : int
+        1-based global step.
+    weight_decay : float or None
+        Decoupled decay, as :func:`refopt.reference.apply_weight_decay`.
+    clip : tuple
+        ``(mode, clip, cden, gscale)`` or a prefix of it, as :func:`clip_args`.
+    average : device array like ``p`` or None
+        EMA average, updated in place when given.
+    ema_momentum : float or None
+    overwrite : bool
+
+    Notes
+    -----
+    Each element runs the reference's operations in its order; on the simulator the results
+    are bit-identical to :func:`refopt.reference.adam_update` (tested). On a real GPU, NVVM's
+    default FMA contraction has not been checked.
     """
     if p.size == 0:
         return
@@ -226,7 +315,17 @@ def adam_dense(p, g, m, v, vhat=None, *, learning_rate, beta_1, beta_2, epsilon,
 
 def sgd_dense(p, g, m, *, learning_rate, momentum, nesterov=False, weight_decay=None,
               clip=(0,), average=None, ema_momentum=None, overwrite=False):
-    """One fused SGD step on one tensor, in place (:func:`refopt.reference.sgd_update`)."""
+    """One fused SGD step on one tensor, in place (:func:`refopt.reference.sgd_update`).
+
+    Parameters
+    ----------
+    p, g, m : numba device array of float32 or float64, C-contiguous, same shape and dtype
+        Variable, gradient and momentum buffer (``p`` and ``m`` updated in place).
+    learning_rate, momentum : float
+    nesterov : bool
+    weight_decay, clip, average, ema_momentum, overwrite
+        As :func:`adam_dense`.
+    """
     if p.size == 0:
         return
     dt = np.dtype(p.dtype)
@@ -264,6 +363,18 @@ def lazy_adam_rows(p, m, v, vhat, values, indices, *, learning_rate, beta_1, bet
     row from zero in order of appearance (bit-identical to
     :meth:`refopt.IndexedSlices.deduplicate`) by the one thread that owns each element of the
     row, which then applies weight decay (present rows only) and the Adam update.
+
+    Parameters
+    ----------
+    p, m, v : numba device array of float32 or float64, C-contiguous, shape ``(rows, ...)``
+        Table and moments, updated in place on the present rows only.
+    vhat : device array like ``p`` or None
+    values : ndarray or device array, shape ``(n,) + p.shape[1:]``
+        Gradient rows (host rows are copied to the device).
+    indices : array_like of int, shape ``(n,)``
+        Row of each value, validated by the caller (``IndexedSlices``).
+    learning_rate, beta_1, beta_2, epsilon, step, weight_decay
+        As :func:`adam_dense`.
     """
     dt = np.dtype(p.dtype)
     order, starts, urows = sorted_rows(indices)
