@@ -1,0 +1,286 @@
+"""The golden cases: what each generator records, and the inputs they all feed.
+
+Pure Python + NumPy; imported by the generators only (never by refopt or its tests: the tests
+read the recorded ``.npz`` files and ``manifest.json``). Each case names the refopt optimizer
+and its keyword arguments (refopt/Keras names), the convention preset (plus knob overrides)
+that must reproduce it, the framework API the generator calls, and the tolerance the replay
+enforces, in float ulp per step.
+
+Inputs come from :func:`make_inputs`, deterministic in the case's seed; the generators store
+them in the ``.npz`` next to the results, so a replay never depends on this file.
+
+Gradient kinds
+--------------
+``dense``          one dense gradient per variable per step, scale log-uniform in 1e-4..1e2.
+``dense_nonfinite`` as dense, with an inf at step 2, a NaN at step 4 and -inf at step 5
+                   (variable 0 only; later steps are finite again).
+``dense_none``     as dense, but variable 1 gets no gradient (None) at steps 2, 3 and 5.
+``sparse``         IndexedSlices for variable 0 (a table; rank 2): duplicate indices, rows absent
+                   for several steps, an empty gradient at step 3; other variables dense.
+``sparse_dup``     the semantics notes' duplicate example: values [[1,2],[3,4]] at rows [1,1] of a
+                   3x2 table of ones, every step.
+
+Tolerances (ulp per step, the replay resyncs to the recorded state before each step when > 0):
+0 = bit-identical. Norm-based clipping in the TF family gets 1 ulp (TF's Eigen sums in another
+order than NumPy). torch's default (for-loop) path gets 2 (its CPU sqrt is MKL's, not correctly
+rounded), optax gets 2 (XLA's pow and FMA contraction).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+TF = "tf_keras"
+K3 = "keras3"
+K2 = "keras2"
+TF1 = "tf1"
+TORCH = "torch"
+OPTAX = "optax"
+
+_ADAM = dict(learning_rate=0.01, beta_1=0.9, beta_2=0.999)
+_SHAPES = [(5,), (4, 3), (2, 3, 2)]
+_TABLE = [(10, 4), (3,)]
+
+
+def _c(id, convention, optimizer, hyper, *, dtype="float32", shapes=_SHAPES, steps=20, seed=0,
+       grads="dense", api=None, variant=None, knobs=None, tol=0, why=""):
+    return dict(
+        id=id, convention=convention, optimizer=optimizer, hyperparameters=hyper,
+        dtype=dtype, shapes=[list(s) for s in shapes], steps=steps, seed=seed, grads=grads,
+        api=api, variant=variant or {}, knobs=knobs or {}, tolerance_ulp=tol,
+        tolerance_reason=why,
+    )
+
+
+def _sched(name, config):
+    return {"class_name": name, "config": config}
+
+
+SCHEDULES = [
+    _sched("ExponentialDecay", dict(initial_learning_rate=0.1, decay_steps=3, decay_rate=0.5,
+                                    staircase=False)),
+    _sched("PiecewiseConstantDecay", dict(boundaries=[2, 5], values=[0.1, 0.05, 0.01])),
+    _sched("PolynomialDecay", dict(initial_learning_rate=0.1, decay_steps=4,
+                                   end_learning_rate=0.01, power=2.0, cycle=True)),
+    _sched("InverseTimeDecay", dict(initial_learning_rate=0.1, decay_steps=2, decay_rate=0.5,
+                                    staircase=True)),
+    _sched("CosineDecay", dict(initial_learning_rate=0.0, decay_steps=6, alpha=0.1,
+                               warmup_target=0.1, warmup_steps=3)),
+    _sched("CosineDecayRestarts", dict(initial_learning_rate=0.1, first_decay_steps=2,
+                                       t_mul=2.0, m_mul=0.5, alpha=0.1)),
+]
+
+NORM_WHY = "1 ulp: the norm is a reduction; TF's Eigen adds in another order than NumPy"
+
+CASES = [
+    # ---- tf_keras: TensorFlow 2.21 + tf_keras 2.21 (tf.keras 2.11+ optimizers)
+    _c("tf_keras/adam_f32", TF, "Adam", dict(_ADAM, epsilon=1e-7), api="tf_keras.optimizers.Adam"),
+    _c("tf_keras/adam_f64_100", TF, "Adam", dict(_ADAM, epsilon=1e-7), dtype="float64", steps=100,
+       api="tf_keras.optimizers.Adam"),
+    _c("tf_keras/adam_1step", TF, "Adam", dict(learning_rate=1.0, epsilon=1e-12), steps=1,
+       api="tf_keras.optimizers.Adam"),
+    _c("tf_keras/amsgrad_f32", TF, "Adam", dict(_ADAM, epsilon=1e-7, amsgrad=True),
+       api="tf_keras.optimizers.Adam"),
+    _c("tf_keras/adamw_f32", TF, "AdamW", dict(_ADAM, weight_decay=0.1),
+       api="tf_keras.optimizers.AdamW"),
+    _c("tf_keras/adam_sparse_f32", TF, "Adam", dict(_ADAM), shapes=_TABLE, grads="sparse",
+       api="tf_keras.optimizers.Adam (non-lazy sparse path)"),
+    _c("tf_keras/sgd_momentum_f32", TF, "SGD", dict(learning_rate=0.01, momentum=0.9),
+       api="tf_keras.optimizers.SGD"),
+    _c("tf_keras/sgd_nesterov_f64", TF, "SGD",
+       dict(learning_rate=0.01, momentum=0.9, nesterov=True), dtype="float64",
+       api="tf_keras.optimizers.SGD"),
+    _c("tf_keras/clipnorm_f32", TF, "Adam", dict(_ADAM, clipnorm=1.0),
+       api="tf_keras.optimizers.Adam(clipnorm)", tol=1, why=NORM_WHY),
+    _c("tf_keras/global_clipnorm_nonfinite_f32", TF, "Adam", dict(_ADAM, global_clipnorm=1.0),
+       grads="dense_nonfinite", api="tf_keras.optimizers.Adam(global_clipnorm)", tol=1,
+       why=NORM_WHY),
+    _c("tf_keras/clipvalue_nonfinite_f32", TF, "SGD", dict(learning_rate=0.1, clipvalue=0.5),
+       grads="dense_nonfinite", api="tf_keras.optimizers.SGD(clipvalue)"),
+    _c("tf_keras/ema_f32", TF, "Adam", dict(_ADAM, use_ema=True, ema_momentum=0.9),
+       api="tf_keras.optimizers.Adam(use_ema)"),
+    _c("tf_keras/ema_overwrite_f32", TF, "SGD",
+       dict(learning_rate=0.1, momentum=0.5, use_ema=True, ema_momentum=0.9,
+            ema_overwrite_frequency=3), api="tf_keras.optimizers.SGD(use_ema)"),
+    _c("tf_keras/none_grads_f32", TF, "Adam", dict(_ADAM), grads="dense_none",
+       api="tf_keras.optimizers.Adam"),
+] + [
+    _c(f"tf_keras/schedule_{s['class_name']}", TF, "Adam", dict(_ADAM, learning_rate=s), steps=12,
+       api=f"tf_keras.optimizers.Adam + {s['class_name']}")
+    for s in SCHEDULES
+] + [
+    # ---- keras3: TensorFlow 2.21 + Keras 3.15.1 (TF backend)
+    _c("keras3/adam_f32", K3, "Adam", dict(_ADAM, epsilon=1e-7), api="keras.optimizers.Adam"),
+    _c("keras3/amsgrad_f64", K3, "Adam", dict(_ADAM, amsgrad=True), dtype="float64",
+       api="keras.optimizers.Adam"),
+    _c("keras3/adamw_f32", K3, "AdamW", dict(_ADAM, weight_decay=0.1),
+       api="keras.optimizers.AdamW"),
+    _c("keras3/sgd_nesterov_f32", K3, "SGD", dict(learning_rate=0.01, momentum=0.9, nesterov=True),
+       api="keras.optimizers.SGD"),
+    _c("keras3/ema_overwrite_f32", K3, "SGD",
+       dict(learning_rate=0.1, momentum=0.5, use_ema=True, ema_momentum=0.9,
+            ema_overwrite_frequency=3), api="keras.optimizers.SGD(use_ema)"),
+    _c("keras3/ema_adam_f32", K3, "Adam", dict(_ADAM, use_ema=True, ema_momentum=0.9),
+       api="keras.optimizers.Adam(use_ema)"),
+    _c("keras3/global_clipnorm_nonfinite_f32", K3, "Adam", dict(_ADAM, global_clipnorm=1.0),
+       grads="dense_nonfinite", api="keras.optimizers.Adam(global_clipnorm)", tol=1,
+       why=NORM_WHY),
+    _c("keras3/clipnorm_f32", K3, "SGD", dict(learning_rate=0.1, clipnorm=1.0),
+       api="keras.optimizers.SGD(clipnorm)", tol=1, why=NORM_WHY),
+    _c("keras3/adam_sparse_dup_f32", K3, "Adam", dict(learning_rate=0.1), shapes=[(3, 2)],
+       grads="sparse_dup", steps=2, api="keras.optimizers.Adam on tf.IndexedSlices",
+       knobs=dict(keras3_sparse_square=True)),
+    _c("keras3/adam_sparse_f32", K3, "Adam", dict(_ADAM), shapes=_TABLE, grads="sparse",
+       api="keras.optimizers.Adam on tf.IndexedSlices", knobs=dict(keras3_sparse_square=True)),
+    # ---- keras2: TensorFlow 2.15.1 tf.keras.optimizers.legacy + TensorFlow Addons 0.23.0
+    _c("keras2/adam_f32", K2, "Adam", dict(_ADAM), api="tf.keras.optimizers.legacy.Adam"),
+    _c("keras2/adam_f64", K2, "Adam", dict(_ADAM), dtype="float64",
+       api="tf.keras.optimizers.legacy.Adam"),
+    _c("keras2/amsgrad_f32", K2, "Adam", dict(_ADAM, amsgrad=True),
+       api="tf.keras.optimizers.legacy.Adam"),
+    _c("keras2/adam_eps0_1step", K2, "Adam", dict(learning_rate=1.0, epsilon=0.0), steps=1,
+       api="tf.keras.optimizers.legacy.Adam (epsilon=0 becomes 1e-7)"),
+    _c("keras2/adam_sparse_f32", K2, "Adam", dict(_ADAM), shapes=_TABLE, grads="sparse",
+       api="tf.keras.optimizers.legacy.Adam (sparse)"),
+    _c("keras2/lazyadam_f32", K2, "LazyAdam", dict(_ADAM), shapes=_TABLE, grads="sparse",
+       steps=30, api="tfa.optimizers.LazyAdam"),
+    _c("keras2/lazyadam_dup", K2, "LazyAdam", dict(learning_rate=0.1), shapes=[(3, 2)],
+       grads="sparse_dup", steps=2, api="tfa.optimizers.LazyAdam"),
+    _c("keras2/sgd_nesterov_f32", K2, "SGD", dict(learning_rate=0.01, momentum=0.9, nesterov=True),
+       api="tf.keras.optimizers.legacy.SGD"),
+    _c("keras2/clipvalue_clipnorm_f32", K2, "SGD",
+       dict(learning_rate=0.1, clipvalue=0.5, clipnorm=1.0),
+       api="tf.keras.optimizers.legacy.SGD(clipvalue, clipnorm)", tol=1, why=NORM_WHY),
+    # ---- tf1: TensorFlow 2.15.1 tf.compat.v1.train (graph mode)
+    _c("tf1/adam_f32", TF1, "Adam", dict(_ADAM), api="tf.compat.v1.train.AdamOptimizer"),
+    _c("tf1/adam_f64_100", TF1, "Adam", dict(_ADAM), dtype="float64", steps=100,
+       api="tf.compat.v1.train.AdamOptimizer"),
+    _c("tf1/adam_sparse_f32", TF1, "Adam", dict(_ADAM), shapes=_TABLE, grads="sparse",
+       api="tf.compat.v1.train.AdamOptimizer (sparse)"),
+    _c("tf1/lazyadam_f32", TF1, "LazyAdam", dict(_ADAM), shapes=_TABLE, grads="sparse",
+       api="TF1 contrib LazyAdamOptimizer, emulated with TF 2.15 ops (contrib is gone)"),
+    _c("tf1/momentum_nesterov_f32", TF1, "SGD",
+       dict(learning_rate=0.01, momentum=0.9, nesterov=True),
+       api="tf.compat.v1.train.MomentumOptimizer(use_nesterov=True)"),
+    _c("tf1/global_clipnorm_f32", TF1, "Adam", dict(_ADAM, global_clipnorm=1.0),
+       grads="dense_nonfinite", api="tf.clip_by_global_norm + AdamOptimizer", tol=1,
+       why=NORM_WHY),
+    # ---- torch: PyTorch 2.13.0 CPU
+    _c("torch/adam_fused_f32", TORCH, "Adam", dict(_ADAM, epsilon=1e-8),
+       api="torch.optim.Adam(fused=True)", variant=dict(fused=True)),
+    _c("torch/adam_default_f32", TORCH, "Adam", dict(_ADAM, epsilon=1e-8),
+       api="torch.optim.Adam (for-loop)", tol=2,
+       why="2 ulp: the for-loop path takes MKL's sqrt, not correctly rounded"),
+    _c("torch/adam_fused_f64_100", TORCH, "Adam", dict(_ADAM, epsilon=1e-8), dtype="float64",
+       steps=100, api="torch.optim.Adam(fused=True)", variant=dict(fused=True), tol=2,
+       why="2 ulp: float64 FMA is not emulated exactly by NumPy"),
+    _c("torch/amsgrad_fused_f32", TORCH, "Adam", dict(_ADAM, amsgrad=True),
+       api="torch.optim.Adam(amsgrad=True, fused=True)", variant=dict(fused=True)),
+    _c("torch/adam_l2_fused_f32", TORCH, "Adam", dict(_ADAM, weight_decay=0.1),
+       api="torch.optim.Adam(weight_decay=0.1, fused=True) (L2 coupling)",
+       variant=dict(fused=True)),
+    _c("torch/adamw_fused_f32", TORCH, "AdamW", dict(_ADAM, weight_decay=0.1),
+       api="torch.optim.AdamW(fused=True)", variant=dict(fused=True)),
+    _c("torch/adam_none_grads_f32", TORCH, "Adam", dict(_ADAM), grads="dense_none",
+       api="torch.optim.Adam(fused=True) (per-parameter step counts)", variant=dict(fused=True)),
+    _c("torch/sparseadam_f32", TORCH, "LazyAdam", dict(_ADAM), shapes=_TABLE[:1],
+       grads="sparse", steps=30, api="torch.optim.SparseAdam"),
+    _c("torch/sgd_momentum_f32", TORCH, "SGD", dict(learning_rate=0.01, momentum=0.9),
+       api="torch.optim.SGD(momentum=0.9)"),
+    _c("torch/sgd_nesterov_f64", TORCH, "SGD",
+       dict(learning_rate=0.01, momentum=0.9, nesterov=True), dtype="float64",
+       api="torch.optim.SGD(nesterov=True)", tol=2,
+       why="2 ulp: float64 FMA is not emulated exactly by NumPy"),
+    _c("torch/clip_grad_norm_nonfinite_f32", TORCH, "SGD",
+       dict(learning_rate=0.1, global_clipnorm=1.0), grads="dense_nonfinite",
+       api="torch.nn.utils.clip_grad_norm_ + torch.optim.SGD", tol=1,
+       why="1 ulp: the norm is a reduction (torch's vectorised order)"),
+    _c("torch/clip_grad_value_f32", TORCH, "SGD", dict(learning_rate=0.1, clipvalue=0.5),
+       grads="dense_nonfinite", api="torch.nn.utils.clip_grad_value_ + torch.optim.SGD"),
+    _c("torch/ema_f32", TORCH, "SGD", dict(learning_rate=0.1, use_ema=True, ema_momentum=0.9),
+       api="torch.optim.swa_utils.AveragedModel(multi_avg_fn=get_ema_multi_avg_fn(0.9))"),
+    # ---- optax: optax 0.2.8 on jax 0.10.2 (CPU, jit)
+    _c("optax/adam_f32", OPTAX, "Adam", dict(_ADAM, epsilon=1e-8), api="optax.adam (jit)", tol=2,
+       why="2 ulp: XLA's float32 pow and FMA contraction"),
+    _c("optax/adam_f64", OPTAX, "Adam", dict(_ADAM, epsilon=1e-8), dtype="float64",
+       api="optax.adam (jit, jax_enable_x64)", tol=2, why="2 ulp: XLA's pow and FMA contraction"),
+    _c("optax/amsgrad_f32", OPTAX, "Adam", dict(_ADAM, amsgrad=True), api="optax.amsgrad (jit)",
+       tol=2, why="2 ulp: XLA's float32 pow and FMA contraction"),
+    _c("optax/adamw_f32", OPTAX, "AdamW", dict(_ADAM, weight_decay=0.1), api="optax.adamw (jit)",
+       tol=2, why="2 ulp: XLA's float32 pow and FMA contraction"),
+    _c("optax/sgd_nesterov_f32", OPTAX, "SGD", dict(learning_rate=0.01, momentum=0.9,
+                                                    nesterov=True),
+       api="optax.sgd (jit)", tol=2, why="2 ulp: XLA's FMA contraction"),
+    _c("optax/clip_by_global_norm_nonfinite_f32", OPTAX, "SGD",
+       dict(learning_rate=0.1, global_clipnorm=1.0), grads="dense_nonfinite",
+       api="optax.chain(clip_by_global_norm, sgd) (jit)", tol=2,
+       why="2 ulp: the norm is a reduction (XLA's order)"),
+]
+
+_BY_ID = {c["id"]: c for c in CASES}
+assert len(_BY_ID) == len(CASES), "duplicate case ids"
+
+
+def cases_for(conventions):
+    """The cases whose convention is in ``conventions``."""
+    return [c for c in CASES if c["convention"] in conventions]
+
+
+def make_inputs(case):
+    """Initial variables and the gradients of every step, from the case's seed.
+
+    Returns
+    -------
+    init : list of ndarray
+        One array per shape, dtype of the case.
+    grads : list (steps) of list (variables)
+        Each entry an ndarray, ``None`` (no gradient this step), or a tuple
+        ``("sparse", indices int64 (n,), values (n, *shape[1:]))``.
+    """
+    dtype = np.dtype(case["dtype"])
+    rng = np.random.default_rng(case["seed"])
+    shapes = [tuple(s) for s in case["shapes"]]
+    steps = case["steps"]
+    kind = case["grads"]
+    if kind == "sparse_dup":
+        init = [np.ones(shapes[0], dtype)]
+        values = np.array([[1.0, 2.0], [3.0, 4.0]], dtype)
+        grads = [[("sparse", np.array([1, 1], np.int64), values.copy())] for _ in range(steps)]
+        return init, grads
+    init = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    grads = []
+    for k in range(1, steps + 1):
+        row = []
+        for i, s in enumerate(shapes):
+            scale = 10.0 ** rng.uniform(-4, 2)
+            g = (rng.standard_normal(s) * scale).astype(dtype)
+            if kind == "dense_nonfinite" and i == 0:
+                bad = {2: np.inf, 4: np.nan, 5: -np.inf}.get(k)
+                if bad is not None:
+                    g.flat[0] = bad
+            if kind == "dense_none" and i == 1 and k in (2, 3, 5):
+                g = None
+            if kind == "sparse" and i == 0:
+                g = _sparse_grad(rng, s, k, dtype)
+            row.append(g)
+        grads.append(row)
+    return init, grads
+
+
+def _sparse_grad(rng, shape, k, dtype):
+    """Rows 0..n-1 of a table: row n-1 never appears, row n-2 only from step 6 on, duplicates."""
+    n = shape[0]
+    if k == 3:  # an empty gradient: no rows at all
+        return ("sparse", np.zeros(0, np.int64), np.zeros((0,) + shape[1:], dtype))
+    pool = np.arange(n - 2) if k < 6 else np.arange(n - 1)
+    count = int(rng.integers(2, 7))
+    idx = rng.choice(pool, size=count, replace=True).astype(np.int64)
+    idx[-1] = idx[0]  # always at least one duplicate
+    scale = 10.0 ** rng.uniform(-3, 1)
+    values = (rng.standard_normal((count,) + shape[1:]) * scale).astype(dtype)
+    return ("sparse", idx, values)
+
+
+#: Slot names in the recorded files (refopt's names): ``m``, ``v``, ``vhat`` (Adam family),
+#: ``m`` (SGD momentum buffer), ``average`` (EMA).
+SLOT_NAMES = ("m", "v", "vhat", "average")
