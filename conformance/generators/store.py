@@ -18,6 +18,7 @@ no longer exists and the generator rebuilt it from the framework's ops).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 
@@ -85,11 +86,17 @@ def save_case(case, *, framework, versions, init, grads, params, slots, emulated
     entry.update(file=fname, framework=framework, framework_version=dict(versions),
                  slots=sorted(slots), emulated=bool(emulated))
     path = os.path.join(DATA, "manifest.json")
+    with open(os.path.join(DATA, ".manifest.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # generators may run at the same time
+        _update_manifest(path, entry)
+
+
+def _update_manifest(path, entry):
     manifest = {"format": 1, "cases": []}
     if os.path.exists(path):
         with open(path) as f:
             manifest = json.load(f)
-    manifest["cases"] = [c for c in manifest["cases"] if c["id"] != case["id"]] + [entry]
+    manifest["cases"] = [c for c in manifest["cases"] if c["id"] != entry["id"]] + [entry]
     manifest["cases"].sort(key=lambda c: c["id"])
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
