@@ -45,7 +45,8 @@ COMMON_ERRORS = (
     ({"decay": 0.1}, ValueError, r"decay.*legacy"),
     ({"gradient_aggregator": None}, ValueError, r"gradient_aggregator.*legacy"),
     ({"backend": "tpu"}, ValueError, r"backend.*Received: backend='tpu'"),
-    ({"convention": "torch"}, NotImplementedError, r"convention='torch'.*not available"),
+    ({"convention": 3}, TypeError, r"convention.*Received: convention=3"),
+    ({"convention": {"name": "x"}}, ValueError, r"convention.*dict.*Received"),
     ({"convention": "jax"}, ValueError, r"convention.*Received: convention='jax'"),
     ({"name": 3}, TypeError, r"name.*Received: name=3"),
 )

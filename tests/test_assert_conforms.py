@@ -244,7 +244,7 @@ def test_kind_detection_and_override():
     ({"kind": "class"}, ValueError, "kind='class'"),
     ({"config": {"beta_1": 2.0}}, ValueError, "beta_1=2.0"),
     ({"slot_map": ["m"]}, TypeError, "slot_map"),
-    ({"convention": "torch"}, NotImplementedError, "convention='torch'"),
+    ({"convention": "jax"}, ValueError, "convention='jax'"),
     ({"dtype": "int8"}, ValueError, "dtype='int8'"),
 ])
 def test_bad_arguments_raise_before_running(kwargs, error, match):

@@ -163,7 +163,7 @@ def test_read_golden_refuses_newer_versions_and_other_files(tmp_path):
     (["--optimizer", "Adagrad"], "invalid choice"),
     (["--set", "beta_1=2"], "beta_1=2"),
     (["--set", "lr=0.1"], "unexpected keyword argument 'lr'"),
-    (["--convention", "torch"], "convention='torch' is not available"),
+    (["--convention", "jax"], "convention='jax'"),
     (["--steps", "0"], "must be at least 1"),
 ])
 def test_golden_usage_errors_exit_2(tmp_path, capsys, args, message):

@@ -6,9 +6,29 @@ applies the TF1 contrib ``LazyAdamOptimizer`` row semantics to sparse gradients.
 
 from __future__ import annotations
 
-from refopt.optimizers.base import BASE_KWARGS_DOC, Optimizer, check_bool, check_real
+import numpy as np
+
+from refopt.indexed_slices import IndexedSlices
+from refopt.optimizers.base import (
+    BASE_KWARGS_DOC,
+    Optimizer,
+    _check_convention,
+    check_bool,
+    check_real,
+)
+from refopt.reference import variants as _variants
 
 __all__ = ["Adam", "AdamW", "LazyAdam"]
+
+
+class _ConventionDefault:
+    """The default of a hyperparameter that depends on the convention."""
+
+    def __repr__(self):
+        return "<the convention's default>"
+
+
+_CONVENTION_DEFAULT = _ConventionDefault()
 
 
 class Adam(Optimizer):
@@ -22,8 +42,10 @@ class Adam(Optimizer):
         Decay of the first moment, in [0, 1).
     beta_2 : float, default 0.999
         Decay of the second moment, in [0, 1).
-    epsilon : float, default 1e-7
-        Added to :math:`\sqrt{v}` (not bias-corrected), finite and >= 0.
+    epsilon : float, optional
+        Added to :math:`\sqrt{v}` (not bias-corrected, under tf-keras' convention), finite
+        and >= 0. Default: the convention's (``default_epsilon``): 1e-7 for the Keras
+        conventions, 1e-8 for ``"tf1"``, ``"torch"`` and ``"optax"``.
     amsgrad : bool, default False
         Keep ``vhat = max(vhat, v)`` and divide by its square root (Reddi et al., 2018).
     {base_kwargs}
@@ -53,7 +75,7 @@ class Adam(Optimizer):
         learning_rate=0.001,
         beta_1=0.9,
         beta_2=0.999,
-        epsilon=1e-7,
+        epsilon=None,
         amsgrad=False,
         weight_decay=None,
         clipnorm=None,
@@ -70,6 +92,9 @@ class Adam(Optimizer):
     ):
         self.beta_1 = check_real("beta_1", beta_1, low=0, high=1, high_open=True)
         self.beta_2 = check_real("beta_2", beta_2, low=0, high=1, high_open=True)
+        conv = _check_convention(convention)
+        if epsilon is None or (conv.epsilon_zero_is_default and epsilon == 0):
+            epsilon = conv.default_epsilon
         self.epsilon = check_real("epsilon", epsilon, low=0)
         self.amsgrad = check_bool("amsgrad", amsgrad)
         super().__init__(
@@ -91,7 +116,37 @@ class Adam(Optimizer):
     def _slot_groups(self):
         return (("m", "v"), ("vhat",)) if self.amsgrad else (("m", "v"),)
 
-    def _update_step(self, param, grad, slots, learning_rate, step):
+    def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
+                     lazy_rows=False):
+        conv = self.convention
+        if isinstance(grad, IndexedSlices) and conv.sparse_adam == "error":
+            raise TypeError(
+                f"{type(self).__name__} with convention={conv.name!r} takes no IndexedSlices "
+                f"gradient ({conv.framework}: Adam refuses sparse gradients); use LazyAdam, "
+                "or pass grad.to_dense()."
+            )
+        if lazy_rows and conv.lazy_update == "torch_sparse":
+            p, m, v = _variants.lazy_rows_torch(
+                param, grad, slots["m"], slots["v"], learning_rate=learning_rate,
+                beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon, step=step)
+            return np.asarray(p), {"m": np.asarray(m), "v": np.asarray(v)}
+        if lazy_rows and conv.lazy_update == "ema_rows":
+            conv = conv.replace(moment_update="ema")
+        if weight_decay is not None and self._decay_mode() == "l2":
+            grad = _variants.l2_torch(grad, param, weight_decay)
+            weight_decay = None
+        sparse_other = isinstance(grad, IndexedSlices) and conv.sparse_adam != "tf_keras"
+        if sparse_other or weight_decay is not None or not _variants.is_tf_keras_adam(conv):
+            with np.errstate(all="ignore"):
+                p, m, v, vhat = _variants.adam_variant(
+                    param, grad, slots["m"], slots["v"], slots.get("vhat"),
+                    learning_rate=learning_rate, beta_1=self.beta_1, beta_2=self.beta_2,
+                    epsilon=self.epsilon, step=step, convention=conv,
+                    weight_decay=weight_decay)
+            new_slots = {"m": np.asarray(m), "v": np.asarray(v)}
+            if self.amsgrad:
+                new_slots["vhat"] = np.asarray(vhat)
+            return np.asarray(p), new_slots
         r = self._kernels.adam_update(
             param,
             grad,
@@ -139,10 +194,13 @@ class AdamW(Adam):
     ----------
     learning_rate : float or refopt.schedules.LearningRateSchedule, default 0.001
         Step size.
-    weight_decay : float, default 0.004
+    weight_decay : float, optional
         Decay per unit of learning rate, applied before the Adam step as
         ``w <- w - w * weight_decay * lr`` (the learning rate of this step, not the
-        bias-corrected one). Required: ``None`` raises ``ValueError`` (tf-keras' rule).
+        bias-corrected one) under tf-keras' convention. Default: the convention's
+        ``default_adamw_weight_decay`` (0.004 Keras, 0.01 PyTorch, 1e-4 optax). PyTorch's
+        ``AdamW`` multiplies by ``1 - lr*wd``; optax's ``adamw`` adds ``wd*w`` to the Adam
+        direction before scaling by ``-lr`` (see :mod:`refopt.conventions`).
     beta_1, beta_2, epsilon, amsgrad
         As :class:`Adam`.
     {base_kwargs}
@@ -157,10 +215,10 @@ class AdamW(Adam):
     def __init__(
         self,
         learning_rate=0.001,
-        weight_decay=0.004,
+        weight_decay=_CONVENTION_DEFAULT,
         beta_1=0.9,
         beta_2=0.999,
-        epsilon=1e-7,
+        epsilon=None,
         amsgrad=False,
         clipnorm=None,
         clipvalue=None,
@@ -178,6 +236,8 @@ class AdamW(Adam):
             raise ValueError(
                 "AdamW requires a `weight_decay` (a float >= 0). Received: weight_decay=None"
             )
+        if weight_decay is _CONVENTION_DEFAULT:
+            weight_decay = _check_convention(convention).default_adamw_weight_decay
         super().__init__(
             learning_rate=learning_rate,
             beta_1=beta_1,
@@ -197,6 +257,9 @@ class AdamW(Adam):
             convention=convention,
             **kwargs,
         )
+
+    def _decay_mode(self):
+        return self.convention.adamw_weight_decay
 
 
 class LazyAdam(Adam):
@@ -226,7 +289,7 @@ class LazyAdam(Adam):
 
     _lazy_sparse = True
 
-    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=None,
                  amsgrad=False, name="LazyAdam", **kwargs):
         super().__init__(
             learning_rate=learning_rate,

@@ -32,15 +32,17 @@ import warnings
 import numpy as np
 
 from refopt import schedules as _schedules
+from refopt.conventions import PRESETS, Convention, get_convention
 from refopt.indexed_slices import IndexedSlices
 from refopt.optimizers import _fast
+from refopt.reference import variants as _variants
 
 __all__ = ["Optimizer", "BACKENDS", "CONVENTIONS"]
 
 #: The backends.
 BACKENDS = ("reference", "cpu", "cuda")
-#: Conventions that exist or are planned; only "tf_keras" is built in this version.
-CONVENTIONS = ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax")
+#: The convention presets (see :mod:`refopt.conventions`).
+CONVENTIONS = tuple(PRESETS)
 
 _INT64_MAX = 2**63 - 1
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -79,10 +81,15 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
         (numba-cuda kernels; variables are device arrays, see
         :mod:`refopt.optimizers._cuda`; needs an NVIDIA GPU or the CUDA simulator, else
         ``RuntimeError``).
-    convention : str, default "tf_keras"
-        Which framework's numerics to reproduce. Only ``"tf_keras"`` (tf.keras 2.11+) exists
-        in this version; ``"keras3"``, ``"keras2"``, ``"tf1"``, ``"torch"`` and ``"optax"``
-        raise ``NotImplementedError``."""
+    convention : str, dict or refopt.conventions.Convention, default "tf_keras"
+        Which framework's numerics to reproduce: ``"tf_keras"`` (tf.keras 2.11+),
+        ``"keras3"``, ``"keras2"`` (legacy ``OptimizerV2``, TF-Addons ``LazyAdam``),
+        ``"tf1"`` (``tf.compat.v1.train``), ``"torch"``, ``"optax"``, or a
+        :class:`~refopt.conventions.Convention` with knobs overridden
+        (:func:`refopt.conventions.get_convention`); a dict is a Convention's knobs, as
+        :meth:`get_config` writes them. Conventions other than tf-keras' are computed by the
+        reference's NumPy code on every backend (``backend="cpu"`` falls back to it;
+        ``backend="cuda"`` refuses them)."""
 
 
 def _is_real(x):
@@ -149,16 +156,20 @@ def _get_backend(backend):
 
 
 def _check_convention(convention):
-    if convention == "tf_keras":
-        return convention
-    if convention in CONVENTIONS:
-        raise NotImplementedError(
-            f"convention={convention!r} is not available in this version of refopt. "
-            "Use convention='tf_keras' (tf.keras 2.11+ numerics)."
-        )
-    raise ValueError(
-        f"`convention` must be one of {CONVENTIONS}. Received: convention={convention!r}"
-    )
+    if isinstance(convention, dict):
+        try:
+            return Convention(**convention)
+        except TypeError as exc:
+            raise ValueError(
+                f"`convention` as a dict must hold a Convention's knobs ({exc}). Received: "
+                f"convention={convention!r}"
+            ) from None
+    return get_convention(convention)
+
+
+def _tf_keras_numerics(conv):
+    """Whether ``conv`` has every knob of the tf_keras preset (the fast kernels' numerics)."""
+    return not conv.differences(PRESETS["tf_keras"])
 
 
 def unpack_pairs(grads_and_vars):
@@ -247,10 +258,22 @@ class Optimizer:
         if not isinstance(name, str):
             raise TypeError(f"`name` must be a str. Received: name={name!r}")
         self.name = name
+        conv = _check_convention(convention)
+        if backend == "cuda" and not _tf_keras_numerics(conv):
+            raise NotImplementedError(
+                "backend='cuda' computes tf-keras' numerics only. Received: convention="
+                f"{conv.name!r} with knobs {sorted(conv.differences(PRESETS['tf_keras']))} "
+                "differing; use backend='cpu' or 'reference'."
+            )
         self._kernels = _get_backend(backend)
         self.backend = backend
-        self.convention = _check_convention(convention)
+        self.convention = conv
         self.weight_decay = check_real("weight_decay", weight_decay, low=0, allow_none=True)
+        if self.weight_decay is not None and self._decay_mode() == "none":
+            raise ValueError(
+                f"convention={conv.name!r} has no weight decay for {type(self).__name__} "
+                f"({conv.framework}). Received: weight_decay={weight_decay!r}"
+            )
         self.clipnorm = check_real("clipnorm", clipnorm, allow_none=True)
         self.clipvalue = check_real("clipvalue", clipvalue, allow_none=True)
         self.global_clipnorm = check_real("global_clipnorm", global_clipnorm, allow_none=True)
@@ -259,7 +282,21 @@ class Optimizer:
                 "At most one of `clipnorm` and `global_clipnorm` can be set. "
                 f"Received: clipnorm={clipnorm!r}, global_clipnorm={global_clipnorm!r}"
             )
-        if self.clipvalue and self.clipvalue > 0 and (
+        given = [k for k, v in (("clipnorm", clipnorm), ("clipvalue", clipvalue),
+                                ("global_clipnorm", global_clipnorm)) if v is not None]
+        if conv.clip_selection == "one_only" and len(given) > 1:
+            raise ValueError(
+                f"Only one of `clipnorm`, `clipvalue` and `global_clipnorm` can be set with "
+                f"convention={conv.name!r}. Received: {', '.join(given)}"
+            )
+        if conv.clip_selection == "legacy":
+            for key in given:
+                if getattr(self, key) < 0:
+                    raise ValueError(
+                        f"Expected {key} >= 0 (convention={conv.name!r}, Keras 2's rule). "
+                        f"Received: {key}={getattr(self, key)!r}"
+                    )
+        if conv.clip_selection == "tf_keras" and self.clipvalue and self.clipvalue > 0 and (
             (self.clipnorm and self.clipnorm > 0)
             or (self.global_clipnorm and self.global_clipnorm > 0)
         ):
@@ -271,6 +308,11 @@ class Optimizer:
                 stacklevel=3,
             )
         self.use_ema = check_bool("use_ema", use_ema)
+        if self.use_ema and conv.ema == "none":
+            raise ValueError(
+                f"convention={conv.name!r} has no moving average of the weights "
+                f"({conv.framework}). Received: use_ema=True"
+            )
         self.ema_momentum = check_real("ema_momentum", ema_momentum, low=0, high=1)
         if ema_overwrite_frequency is not None and (
             not isinstance(ema_overwrite_frequency, numbers.Integral)
@@ -301,6 +343,7 @@ class Optimizer:
         self._var_specs = []
         self._slots = {}
         self._averages = []
+        self._var_steps = []  # convention step_counter="per_variable": steps per variable
         self._flat = None  # backend="cpu": the flat state (refopt.optimizers._fast.FlatState)
         self._cuda = None  # backend="cuda": device state (refopt.optimizers._cuda.CudaState)
 
@@ -374,6 +417,8 @@ class Optimizer:
                 "`learning_rate` must be finite in float32 (it is stored as float32). "
                 f"Received: learning_rate={value!r}"
             )
+        if self.convention.learning_rate_cast != "float32":  # a Python float (torch, optax)
+            rounded = float(value)
         self._learning_rate = rounded
 
     def _evaluate_schedule(self, schedule, step=None):
@@ -463,6 +508,10 @@ class Optimizer:
     #: Lazy optimizers update only the rows present in an IndexedSlices gradient.
     _lazy_sparse = False
 
+    def _decay_mode(self):
+        """What ``weight_decay`` means here: the convention's ``adam_weight_decay`` knob."""
+        return self.convention.adam_weight_decay
+
     # ----------------------------------------------------------------- building
     def _check_variable(self, var, where):
         if self.backend == "cuda":
@@ -530,13 +579,14 @@ class Optimizer:
         self._vars = var_list
         self._index = {id(v): i for i, v in enumerate(var_list)}
         self._var_specs = [(v.shape, v.dtype) for v in var_list]
+        self._var_steps = [self._iterations] * len(var_list)
         if self.backend == "cuda":
             from refopt.optimizers._cuda import CudaState
 
             self._cuda = CudaState(var_list, self._slot_names(), self.use_ema)
             self._slots = self._cuda.slots
             self._averages = self._cuda.averages
-        elif self.backend == "cpu":
+        elif self.backend == "cpu" and _tf_keras_numerics(self.convention):
             from refopt.optimizers._fast import FlatState
 
             self._flat = FlatState(var_list, self._slot_names(), self.use_ema)
@@ -544,7 +594,10 @@ class Optimizer:
             self._averages = self._flat.averages
         else:
             if self.use_ema:
-                self._averages = [v.copy() for v in var_list]
+                self._averages = [
+                    np.zeros_like(v) if self.convention.ema == "keras3" else v.copy()
+                    for v in var_list
+                ]
             self._slots = {
                 name: [np.zeros_like(v) for v in var_list] for name in self._slot_names()
             }
@@ -626,13 +679,46 @@ class Optimizer:
 
     def _clip(self, grads):
         k = self._kernels
-        if self.clipnorm and self.clipnorm > 0:
-            return [k.clip_by_norm(g, self.clipnorm) for g in grads]
-        if self.global_clipnorm and self.global_clipnorm > 0:
-            return k.clip_by_global_norm(grads, self.global_clipnorm)[0]
+        conv = self.convention
+        if conv.clip_formula == "tf":
+            by_norm = k.clip_by_norm
+            by_global = lambda gs, c: k.clip_by_global_norm(gs, c)[0]  # noqa: E731
+        else:
+            by_norm = lambda g, c: _variants.clip_norm_variant(g, c, conv)  # noqa: E731
+            by_global = lambda gs, c: _variants.clip_global_norm_variant(gs, c, conv)  # noqa
+        if conv.clip_selection == "legacy":  # Keras 2: clipvalue, then clipnorm, then global
+            grads = list(grads)
+            if self.clipvalue is not None:
+                grads = [k.clip_by_value(g, self.clipvalue) for g in grads]
+            if self.clipnorm is not None:
+                grads = [by_norm(g, self.clipnorm) for g in grads]
+            if self.global_clipnorm is not None:
+                grads = by_global(grads, self.global_clipnorm)
+            return grads
+
+        def on(c):  # tf's formula: <= 0 means no clipping; torch/optax apply any value
+            return c is not None and (c > 0 if conv.clip_formula == "tf" else True)
+
+        if on(self.clipnorm):
+            return [by_norm(g, self.clipnorm) for g in grads]
+        if on(self.global_clipnorm):
+            return by_global(grads, self.global_clipnorm)
         if self.clipvalue and self.clipvalue > 0:
             return [k.clip_by_value(g, self.clipvalue) for g in grads]
         return list(grads)
+
+    def _decay(self, param, lr_value):
+        """Weight decay before the update, as the convention couples it (a new array)."""
+        mode = self._decay_mode()
+        if mode == "decoupled":
+            return self._kernels.apply_weight_decay(
+                param, learning_rate=lr_value, weight_decay=self.weight_decay
+            )
+        if mode == "torch":
+            return _variants.decay_torch(
+                param, learning_rate=lr_value, weight_decay=self.weight_decay
+            )
+        return param  # "l2" and "optax" act inside the update
 
     def apply_gradients(self, grads_and_vars):
         """Apply one step of gradients to their variables, in place.
@@ -751,6 +837,9 @@ class Optimizer:
                 self._vars[i][rows] = param
                 for name, arr in slots.items():
                     self._slots[name][i][rows] = arr
+        if self.convention.step_counter == "per_variable":
+            for _, var in present:
+                self._var_steps[self._index[id(var)]] += 1
         self._iterations += 1
         if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
             self._current_learning_rate = lr_value
@@ -760,14 +849,17 @@ class Optimizer:
         k = self._kernels
         grads = [g for g, _ in present]
         variables = [v for _, v in present]
+        conv = self.convention
         grads = self._clip(grads)
-        grads = [g.deduplicate() if isinstance(g, IndexedSlices) else g for g in grads]
-        step = self._iterations + 1
+        if not conv.keras3_sparse_square:  # the bug needs the raw duplicates
+            grads = [g.deduplicate() if isinstance(g, IndexedSlices) else g for g in grads]
         out = {}
         for grad, var in zip(grads, variables):
             i = self._index[id(var)]
+            step = (self._var_steps[i] if conv.step_counter == "per_variable"
+                    else self._iterations) + 1
             decay = self.weight_decay is not None and id(var) not in self._exclude_ids
-            if self._lazy_sparse and isinstance(grad, IndexedSlices):
+            if self._is_lazy() and isinstance(grad, IndexedSlices):
                 # Lazy rows: gather the present (unique) rows of the variable and its slots,
                 # run the dense update on them, scatter back at commit. Cost ~ rows touched.
                 rows = grad.indices
@@ -778,22 +870,60 @@ class Optimizer:
                 rows = None
                 param = var
                 slots = {name: self._slots[name][i] for name in self._slot_names()}
+            extra = {}
             if decay:
-                param = k.apply_weight_decay(
-                    param, learning_rate=lr_value, weight_decay=self.weight_decay
-                )
-            new_param, new_slots = self._update_step(param, grad, slots, lr_value, step)
+                param = self._decay(param, lr_value)
+                if self._decay_mode() in ("l2", "optax"):  # inside the update
+                    if isinstance(grad, IndexedSlices):
+                        raise TypeError(
+                            f"convention={conv.name!r}: this weight decay needs dense "
+                            "gradients (the framework refuses sparse ones). Received an "
+                            f"IndexedSlices for the variable at position {i}."
+                        )
+                    extra["weight_decay"] = self.weight_decay
+            if rows is not None:
+                extra["lazy_rows"] = True
+            new_param, new_slots = self._update_step(param, grad, slots, lr_value, step,
+                                                     **extra)
             average = None
             if self.use_ema:
                 # The EMA averages every row, so with EMA a lazy step commits whole arrays.
                 if rows is not None:
                     new_param, new_slots = self._expand_rows(i, rows, new_param, new_slots)
                     rows = None
-                average = k.ema_update(self._averages[i], new_param, ema_momentum=self.ema_momentum)
-                if self.ema_overwrite_frequency and step % self.ema_overwrite_frequency == 0:
+                average = self._average(i, new_param)
+                if (self.ema_overwrite_frequency
+                        and (self._iterations + 1) % self.ema_overwrite_frequency == 0):
                     new_param = average
             out[id(var)] = (new_param, new_slots, average, rows)
+        if self.use_ema and conv.ema in ("keras3", "torch"):
+            # Keras 3 and AveragedModel average every built variable, not only this call's
+            for i, var in enumerate(self._vars):
+                if id(var) in out:
+                    continue
+                average = self._average(i, var)
+                param = var
+                if (self.ema_overwrite_frequency
+                        and (self._iterations + 1) % self.ema_overwrite_frequency == 0):
+                    param = average
+                out[id(var)] = (param, {}, average, None)
         return out
+
+    def _average(self, i, new_param):
+        conv = self.convention
+        if conv.ema == "copy":
+            return self._kernels.ema_update(
+                self._averages[i], new_param, ema_momentum=self.ema_momentum
+            )
+        with np.errstate(all="ignore"):
+            return np.asarray(_variants.ema_variant(
+                self._averages[i], new_param, ema_momentum=self.ema_momentum,
+                first_step=self._iterations == 0, convention=conv,
+            ))
+
+    def _is_lazy(self):
+        """Whether an IndexedSlices gradient updates only its rows (LazyAdam; TF1 momentum)."""
+        return self._lazy_sparse
 
     def _expand_rows(self, i, rows, param_rows, slot_rows):
         """Whole new arrays from row-wise results (copies; nothing is modified)."""
@@ -886,6 +1016,7 @@ class Optimizer:
         lr = self._learning_rate
         if isinstance(lr, _schedules.LearningRateSchedule):
             lr = _schedules.serialize(lr)
+        conv = self.convention
         return {
             "name": self.name,
             "learning_rate": lr,
@@ -899,7 +1030,7 @@ class Optimizer:
             "jit_compile": self.jit_compile,
             "is_legacy_optimizer": False,
             "backend": self.backend,
-            "convention": self.convention,
+            "convention": conv.name if conv == PRESETS.get(conv.name) else conv.knobs(),
         }
 
     @classmethod

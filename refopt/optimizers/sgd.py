@@ -5,7 +5,11 @@ Follows ``tf_keras/optimizers/sgd.py``.
 
 from __future__ import annotations
 
+import numpy as np
+
+from refopt.indexed_slices import IndexedSlices
 from refopt.optimizers.base import BASE_KWARGS_DOC, Optimizer, check_bool, check_real
+from refopt.reference import variants as _variants
 
 __all__ = ["SGD"]
 
@@ -80,7 +84,21 @@ class SGD(Optimizer):
     def _slot_groups(self):
         return (("m",),)
 
-    def _update_step(self, param, grad, slots, learning_rate, step):
+    def _is_lazy(self):
+        return self.convention.sgd_momentum == "tf1"  # SparseApplyMomentum: only the rows
+
+    def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
+                     lazy_rows=False):
+        conv = self.convention
+        if conv.sgd_momentum != "keras" or weight_decay is not None:
+            if isinstance(grad, IndexedSlices):  # torch and optax SGD are linear in g
+                grad = grad.to_dense()
+            with np.errstate(all="ignore"):
+                p, m = _variants.sgd_variant(
+                    param, grad, slots["m"], learning_rate=learning_rate,
+                    momentum=self.momentum, nesterov=self.nesterov, convention=conv,
+                    weight_decay=weight_decay)
+            return np.asarray(p), {"m": np.asarray(m)}
         r = self._kernels.sgd_update(
             param,
             grad,

@@ -1,0 +1,141 @@
+"""Golden data for conventions ``tf_keras`` (tf_keras 2.11+ optimizers) and ``keras3`` (Keras 3, TF backend).
+
+Run from the repository root with the environment of ``requirements-tf.txt``::
+
+    python conformance/generators/gen_tf.py [--only SUBSTRING]
+
+Eager mode, CPU only, oneDNN off. Writes ``conformance/data/<id>.npz`` and the manifest entries
+through ``store.save_case``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# Before TensorFlow is imported: CPU only, no oneDNN re-association, Keras 3 on TensorFlow.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+os.environ["KERAS_BACKEND"] = "tensorflow"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import cases  # noqa: E402
+import store  # noqa: E402
+
+CONVENTIONS = (cases.TF, cases.K3)
+
+
+def _import_frameworks():
+    import tensorflow as tf
+    import tf_keras
+    import keras
+
+    assert keras.backend.backend() == "tensorflow", keras.backend.backend()
+    return tf, tf_keras, keras
+
+
+def _tf_grad(tf, g, dtype, shape):
+    """One entry of ``make_inputs``' gradient row as what a TF program would hand the optimizer."""
+    if g is None:
+        return None
+    if isinstance(g, tuple):
+        _, idx, values = g
+        return tf.IndexedSlices(tf.constant(values, dtype=dtype),
+                                tf.constant(idx, dtype=tf.int64),
+                                tf.constant(shape, dtype=tf.int64))
+    return tf.constant(g, dtype=dtype)
+
+
+def _build_optimizer(case, tf_keras, keras):
+    hyper = dict(case["hyperparameters"])
+    conv = case["convention"]
+    mod = tf_keras.optimizers if conv == cases.TF else keras.optimizers
+    lr = hyper.get("learning_rate")
+    if isinstance(lr, dict):  # a serialized schedule
+        hyper["learning_rate"] = mod.schedules.deserialize(lr)
+    cls = {"Adam": mod.Adam, "AdamW": mod.AdamW, "SGD": mod.SGD}[case["optimizer"]]
+    return cls(**hyper)
+
+
+def _slot_index(opt, var, conv):
+    if conv == cases.TF:
+        return opt._index_dict[opt._var_key(var)]
+    return opt._get_variable_index(var)
+
+
+def _record_slots(case, opt, variables):
+    """State after a step, keyed by refopt's slot names; one entry per variable."""
+    conv = case["convention"]
+    hyper = case["hyperparameters"]
+    out = {}
+    idx = [_slot_index(opt, v, conv) for v in variables]
+    if case["optimizer"] in ("Adam", "AdamW"):
+        out["m"] = [opt._momentums[i] for i in idx]
+        out["v"] = [opt._velocities[i] for i in idx]
+        if hyper.get("amsgrad", False):
+            out["vhat"] = [opt._velocity_hats[i] for i in idx]
+    elif case["optimizer"] == "SGD":
+        if hyper.get("momentum", 0.0) != 0.0:
+            out["m"] = [opt.momentums[i] for i in idx]
+    else:
+        raise ValueError(case["optimizer"])
+    if hyper.get("use_ema", False):
+        out["average"] = [opt._model_variables_moving_average[i] for i in idx]
+    recorded = {}
+    for name, slot_vars in out.items():
+        row = []
+        for s, v in zip(slot_vars, variables):
+            a = np.array(s.numpy())
+            assert a.shape == tuple(v.shape) and a.dtype == np.dtype(case["dtype"]), (name, a.dtype)
+            row.append(a)
+        recorded[name] = row
+    return recorded
+
+
+def run_case(case, tf, tf_keras, keras):
+    conv = case["convention"]
+    dtype = case["dtype"]
+    init, grads = cases.make_inputs(case)
+    if conv == cases.TF:
+        variables = [tf.Variable(a, dtype=dtype, name=f"var{i}") for i, a in enumerate(init)]
+        versions = {"tensorflow": tf.__version__, "tf_keras": tf_keras.__version__}
+    else:
+        variables = [keras.Variable(a, dtype=dtype, name=f"var{i}") for i, a in enumerate(init)]
+        versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
+    versions["numpy"] = np.__version__
+    opt = _build_optimizer(case, tf_keras, keras)
+    params, slots = [], {}
+    for row in grads:
+        tg = [_tf_grad(tf, g, dtype, a.shape) for g, a in zip(row, init)]
+        opt.apply_gradients(list(zip(tg, variables)))
+        params.append([np.array(v.numpy()) for v in variables])
+        for name, vals in _record_slots(case, opt, variables).items():
+            slots.setdefault(name, []).append(vals)
+    store.save_case(case, framework="tensorflow", versions=versions, init=init, grads=grads,
+                    params=params, slots=slots)
+    return params[-1]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=None, help="run only the case ids containing this")
+    args = ap.parse_args(argv)
+    todo = [c for c in cases.cases_for(CONVENTIONS) if args.only is None or args.only in c["id"]]
+    if not todo:
+        print("no case matches", file=sys.stderr)
+        return 1
+    tf, tf_keras, keras = _import_frameworks()
+    for case in todo:
+        last = run_case(case, tf, tf_keras, keras)
+        print(f"{case['id']}: recorded {case['steps']} steps; var0[:3] = "
+              f"{np.ravel(last[0])[:3].tolist()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,349 @@
+"""Conventions: which framework's numerics an optimizer reproduces, as named knobs.
+
+"Adam" is not one algorithm. Frameworks put epsilon in different places, round ``1 - beta``
+differently, take the AMSGrad maximum of different quantities, couple weight decay
+differently, clip with different formulas and start their weight averages differently. A
+:class:`Convention` is a small frozen record of those choices; the presets in
+:data:`PRESETS` reproduce one framework each, and :func:`get_convention` lets you override
+single knobs::
+
+    >>> from refopt.conventions import get_convention
+    >>> conv = get_convention("torch", amsgrad_maximum="corrected")
+    >>> conv.name, conv.epsilon_placement, conv.amsgrad_maximum
+    ('torch', 'corrected', 'corrected')
+
+Every optimizer takes ``convention=`` (a preset name or a :class:`Convention`). The table of
+differences, with the smallest input that shows each one, is ``conformance/README.md``; the
+golden trajectories recorded from each framework are replayed by ``refopt conformance``.
+
+Sources: ``../shared/semantics/keras_tf.md`` (sections 1-5) and ``torch_optax.md`` (sections
+1-6), each fact confirmed against the framework by the recorded golden cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["Convention", "PRESETS", "get_convention", "KNOB_VALUES"]
+
+#: The allowed values of each string knob (booleans and floats are checked by type).
+KNOB_VALUES = {
+    "epsilon_placement": ("hat", "corrected"),
+    "bias_correction": ("pow", "accumulator", "float64", "float32"),
+    "one_minus_beta": ("float64", "dtype"),
+    "moment_update": ("keras", "ema", "torch_fma", "optax_fma"),
+    "amsgrad_maximum": ("raw", "corrected"),
+    "learning_rate_cast": ("float32", "float64", "dtype"),
+    "epsilon_cast": ("dtype", "float32"),
+    "sparse_adam": ("tf_keras", "scatter", "densify", "error"),
+    "lazy_update": ("dense_rows", "ema_rows", "torch_sparse"),
+    "adam_weight_decay": ("decoupled", "l2", "none"),
+    "adamw_weight_decay": ("decoupled", "torch", "optax", "none"),
+    "sgd_momentum": ("keras", "tf1", "torch", "optax"),
+    "clip_selection": ("tf_keras", "one_only", "legacy"),
+    "clip_formula": ("tf", "torch", "optax"),
+    "ema": ("copy", "keras3", "torch", "none"),
+    "step_counter": ("global", "per_variable"),
+}
+
+
+@dataclass(frozen=True)
+class Convention:
+    """The numerical choices of one framework, as named knobs (immutable).
+
+    Parameters
+    ----------
+    name : str
+        The preset it came from (overrides keep the name; compare records, not names).
+    framework : str
+        The framework and API it reproduces, in words.
+    epsilon_placement : {"hat", "corrected"}
+        ``"hat"``: ``w -= alpha*m / (sqrt(v) + eps)`` with ``alpha = lr*sqrt(1-b2^t)/(1-b1^t)``
+        (TF/Keras, TF1; epsilon is not bias-corrected). ``"corrected"``:
+        ``w -= lr*m_hat / (sqrt(v_hat) + eps)`` (PyTorch, optax; epsilon outside the
+        bias-corrected root).
+    bias_correction : {"pow", "accumulator", "float64", "float32"}
+        How ``b^t`` is computed: ``"pow"``: ``powf(b, t)`` in the variable dtype (Keras);
+        ``"accumulator"``: a float32 product updated once per step, ``b^t`` by ``t - 1``
+        multiplications (TF1's ``beta1_power``); ``"float64"``: Python ``b**t`` in float64
+        (PyTorch, default and fused paths); ``"float32"``: ``powf(float32(b), t)`` in float32
+        (optax).
+    one_minus_beta : {"float64", "dtype"}
+        ``"float64"``: ``dtype(1 - b)`` with the difference in float64 (tf-keras 2.11+,
+        Keras 3, PyTorch, optax); ``"dtype"``: ``1 - dtype(b)`` in the variable dtype (TF1's
+        and Keras 2's fused kernels).
+    moment_update : {"keras", "ema", "torch_fma", "optax_fma"}
+        ``"keras"``: ``m + (g - m)*(1-b)``; ``"ema"``: ``b*m + (1-b)*g``; ``"torch_fma"``:
+        PyTorch's fused CPU kernel (``lerp`` as one FMA, ``v = fma((1-b2)*g, g, v*b2)``);
+        ``"optax_fma"``: optax under ``jit`` on XLA:CPU (``fma(1-b, g, b*m)``).
+    amsgrad_maximum : {"raw", "corrected"}
+        Maximum of the raw second moment (TF/Keras, PyTorch) or of the bias-corrected one
+        (optax's ``amsgrad``).
+    learning_rate_cast : {"float32", "float64", "dtype"}
+        ``"float32"``: stored in a float32 variable, then cast (Keras, TF1); ``"float64"``: a
+        Python float used in float64 scalar math (PyTorch); ``"dtype"``: a Python float
+        converted straight to the variable dtype (optax).
+    epsilon_cast : {"dtype", "float32"}
+        Epsilon converted straight to the variable dtype, or through a float32 tensor
+        (TF1's ``epsilon_t``; matters for float64 variables).
+    sparse_adam : {"tf_keras", "scatter", "densify", "error"}
+        Non-lazy Adam on an IndexedSlices: tf-keras' ``m + (-m)(1-b)`` then scatter-add;
+        TF1/Keras 2's ``m*b`` then scatter-add of ``(1-b)*g``; Keras 3's dense update on the
+        densified gradient; or refused (PyTorch ``Adam``; optax has no sparse gradients).
+    lazy_update : {"dense_rows", "ema_rows", "torch_sparse"}
+        ``LazyAdam``'s row update: the convention's dense update on the gathered rows;
+        TF1 contrib / TF-Addons ``b*m + (1-b)*g`` rows; or ``torch.optim.SparseAdam``.
+    adam_weight_decay : {"decoupled", "l2", "none"}
+        What ``Adam(weight_decay=...)`` means: Keras' ``w -= w*wd*lr`` before the update,
+        PyTorch's L2 term ``g += wd*w``, or refused (TF1, Keras 2 have none).
+    adamw_weight_decay : {"decoupled", "torch", "optax", "none"}
+        What ``AdamW`` means: Keras' ``w -= w*wd*lr``; PyTorch's ``w *= (1 - lr*wd)`` (the
+        factor in float64); optax's ``u = -lr*(adam_u + wd*w)``; or refused.
+    sgd_momentum : {"keras", "tf1", "torch", "optax"}
+        SGD's momentum buffer: Keras' velocity ``m = m*mu - g*lr; w += m``; TF1's
+        ``a = a*mu + g; w -= a*lr``; PyTorch's ``b = b*mu + g`` (first step ``b = g``),
+        ``w -= lr*b``; optax's trace ``t = g + mu*t``, ``w += -lr*t``.
+    clip_selection : {"tf_keras", "one_only", "legacy"}
+        tf-keras: ``clipnorm`` > 0, else ``global_clipnorm`` > 0, else ``clipvalue`` > 0;
+        ``one_only``: at most one may be set (Keras 3, and one explicit clip call in PyTorch
+        or optax); ``legacy``: Keras 2's ``clipvalue`` then ``clipnorm`` then
+        ``global_clipnorm``, negative values refused.
+    clip_formula : {"tf", "torch", "optax"}
+        Norm clipping: TF's ``g*c/max(n, c)`` and ``c*min(1/N, 1/c) + (N - N)`` (non-finite
+        N: every gradient NaN); PyTorch's ``g*min(c/(N + 1e-6), 1)``; optax's
+        ``g if N < c else (g/N)*c``.
+    ema : {"copy", "keras3", "torch", "none"}
+        Weight averages: tf-keras (start as a copy of the variable, ``avg = mu*avg +
+        (1-mu)*w`` for the variables of the call); Keras 3 (start at zero, momentum 0 on the
+        first step, every built variable); PyTorch ``AveragedModel`` with
+        ``get_ema_multi_avg_fn`` (first update copies, then ``lerp``); or refused.
+    step_counter : {"global", "per_variable"}
+        Adam's ``t``: the optimizer's ``iterations + 1`` for all variables, or a count per
+        variable that advances only when it has a gradient (PyTorch).
+    default_epsilon : float
+        Adam's epsilon when not given (1e-7 Keras, 1e-8 TF1, PyTorch, optax).
+    epsilon_zero_is_default : bool
+        Keras 2's ``epsilon or backend.epsilon()``: 0 silently becomes 1e-7.
+    default_adamw_weight_decay : float
+        ``AdamW``'s weight decay when not given (0.004 Keras, 0.01 PyTorch, 1e-4 optax).
+    keras3_sparse_square : bool
+        Reproduce a Keras 3 (TF backend) bug: for an IndexedSlices gradient ``v`` gets the
+        sum of the squared duplicate slices instead of the square of their sum. Off in every
+        preset.
+    """
+
+    name: str
+    framework: str
+    epsilon_placement: str
+    bias_correction: str
+    one_minus_beta: str
+    moment_update: str
+    amsgrad_maximum: str
+    learning_rate_cast: str
+    epsilon_cast: str
+    sparse_adam: str
+    lazy_update: str
+    adam_weight_decay: str
+    adamw_weight_decay: str
+    sgd_momentum: str
+    clip_selection: str
+    clip_formula: str
+    ema: str
+    step_counter: str
+    default_epsilon: float
+    epsilon_zero_is_default: bool
+    default_adamw_weight_decay: float
+    keras3_sparse_square: bool = False
+
+    def __post_init__(self):
+        for knob, allowed in KNOB_VALUES.items():
+            value = getattr(self, knob)
+            if value not in allowed:
+                raise ValueError(
+                    f"Convention knob `{knob}` must be one of {allowed}. Received: "
+                    f"{knob}={value!r}"
+                )
+        for knob in ("epsilon_zero_is_default", "keras3_sparse_square"):
+            if not isinstance(getattr(self, knob), bool):
+                raise TypeError(
+                    f"Convention knob `{knob}` must be a bool. Received: "
+                    f"{knob}={getattr(self, knob)!r}"
+                )
+        for knob in ("default_epsilon", "default_adamw_weight_decay"):
+            v = getattr(self, knob)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(
+                    f"Convention knob `{knob}` must be a float >= 0. Received: {knob}={v!r}"
+                )
+
+    def replace(self, **knobs):
+        """A copy with some knobs changed (``ValueError`` for an unknown knob or value)."""
+        unknown = sorted(set(knobs) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(
+                f"Unknown convention knob(s) {unknown}. Known: "
+                f"{[f.name for f in dataclasses.fields(self)]}"
+            )
+        return dataclasses.replace(self, **knobs)
+
+    def knobs(self):
+        """The knobs as a dict (name -> value), ``name`` and ``framework`` included."""
+        return dataclasses.asdict(self)
+
+    def differences(self, other):
+        """The knobs whose values differ from ``other``'s: ``{knob: (self's, other's)}``."""
+        a, b = self.knobs(), other.knobs()
+        return {k: (a[k], b[k]) for k in a if k not in ("name", "framework") and a[k] != b[k]}
+
+
+_TF_KERAS = Convention(
+    name="tf_keras",
+    framework="tf.keras 2.11+ (tf_keras.optimizers; TensorFlow >= 2.11 default)",
+    epsilon_placement="hat",
+    bias_correction="pow",
+    one_minus_beta="float64",
+    moment_update="keras",
+    amsgrad_maximum="raw",
+    learning_rate_cast="float32",
+    epsilon_cast="dtype",
+    sparse_adam="tf_keras",
+    lazy_update="dense_rows",
+    adam_weight_decay="decoupled",
+    adamw_weight_decay="decoupled",
+    sgd_momentum="keras",
+    clip_selection="tf_keras",
+    clip_formula="tf",
+    ema="copy",
+    step_counter="global",
+    default_epsilon=1e-7,
+    epsilon_zero_is_default=False,
+    default_adamw_weight_decay=0.004,
+)
+
+#: The presets, by name.
+PRESETS = {
+    "tf_keras": _TF_KERAS,
+    "keras3": _TF_KERAS.replace(
+        name="keras3",
+        framework="Keras 3 (keras.optimizers, TensorFlow backend)",
+        sparse_adam="densify",
+        clip_selection="one_only",
+        ema="keras3",
+    ),
+    "keras2": _TF_KERAS.replace(
+        name="keras2",
+        framework="Keras 2 legacy OptimizerV2 (tf.keras.optimizers.legacy) and "
+        "TF-Addons LazyAdam",
+        one_minus_beta="dtype",
+        sparse_adam="scatter",
+        lazy_update="ema_rows",
+        adam_weight_decay="none",
+        adamw_weight_decay="none",
+        clip_selection="legacy",
+        ema="none",
+        epsilon_zero_is_default=True,
+    ),
+    "tf1": _TF_KERAS.replace(
+        name="tf1",
+        framework="TF1 tf.compat.v1.train.AdamOptimizer / MomentumOptimizer and the TF1 "
+        "contrib LazyAdamOptimizer",
+        bias_correction="accumulator",
+        one_minus_beta="dtype",
+        sparse_adam="scatter",
+        lazy_update="ema_rows",
+        adam_weight_decay="none",
+        adamw_weight_decay="none",
+        sgd_momentum="tf1",
+        epsilon_cast="float32",
+        clip_selection="legacy",
+        ema="none",
+        default_epsilon=1e-8,
+    ),
+    "torch": Convention(
+        name="torch",
+        framework="PyTorch torch.optim (Adam/AdamW fused CPU kernel, SparseAdam, SGD), "
+        "clip_grad_norm_, AveragedModel",
+        epsilon_placement="corrected",
+        bias_correction="float64",
+        one_minus_beta="float64",
+        moment_update="torch_fma",
+        amsgrad_maximum="raw",
+        learning_rate_cast="float64",
+        epsilon_cast="dtype",
+        sparse_adam="error",
+        lazy_update="torch_sparse",
+        adam_weight_decay="l2",
+        adamw_weight_decay="torch",
+        sgd_momentum="torch",
+        clip_selection="one_only",
+        clip_formula="torch",
+        ema="torch",
+        step_counter="per_variable",
+        default_epsilon=1e-8,
+        epsilon_zero_is_default=False,
+        default_adamw_weight_decay=0.01,
+    ),
+    "optax": Convention(
+        name="optax",
+        framework="optax (adam, amsgrad, adamw, sgd, clip_by_global_norm) under jax.jit",
+        epsilon_placement="corrected",
+        bias_correction="float32",
+        one_minus_beta="float64",
+        moment_update="optax_fma",
+        amsgrad_maximum="corrected",
+        learning_rate_cast="dtype",
+        epsilon_cast="dtype",
+        sparse_adam="error",
+        lazy_update="dense_rows",
+        adam_weight_decay="none",
+        adamw_weight_decay="optax",
+        sgd_momentum="optax",
+        clip_selection="one_only",
+        clip_formula="optax",
+        ema="none",
+        step_counter="global",
+        default_epsilon=1e-8,
+        epsilon_zero_is_default=False,
+        default_adamw_weight_decay=1e-4,
+    ),
+}
+
+
+def get_convention(convention="tf_keras", **knobs):
+    """The :class:`Convention` for a preset name (or a record), with knobs overridden.
+
+    Parameters
+    ----------
+    convention : str or Convention, default "tf_keras"
+        One of ``PRESETS`` (``"tf_keras"``, ``"keras3"``, ``"keras2"``, ``"tf1"``,
+        ``"torch"``, ``"optax"``) or a :class:`Convention`.
+    **knobs
+        Knobs to override, e.g. ``amsgrad_maximum="corrected"``.
+
+    Returns
+    -------
+    Convention
+
+    Raises
+    ------
+    ValueError
+        An unknown preset name, knob or knob value.
+    TypeError
+        ``convention`` neither a str nor a Convention.
+    """
+    if isinstance(convention, Convention):
+        base = convention
+    elif isinstance(convention, str):
+        base = PRESETS.get(convention)
+        if base is None:
+            raise ValueError(
+                f"`convention` must be one of {tuple(PRESETS)} or a refopt.conventions."
+                f"Convention. Received: convention={convention!r}"
+            )
+    else:
+        raise TypeError(
+            "`convention` must be a preset name (str) or a refopt.conventions.Convention. "
+            f"Received: convention={convention!r}"
+        )
+    return base.replace(**knobs) if knobs else base

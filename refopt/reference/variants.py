@@ -1,0 +1,349 @@
+"""The other frameworks' numerics: Adam, SGD, clipping and EMA under a :class:`Convention`.
+
+The tf.keras 2.11+ functions of this package (:func:`refopt.reference.adam_update` and the
+others) are the default; each takes ``convention=`` and hands the step here when the
+convention's knobs differ from tf-keras'. Every function below is readable NumPy in the
+variable dtype, with the rounding points of the framework it reproduces written out. What
+"rounding point" means for each framework is in ``conformance/README.md``.
+
+Fused multiply-add
+    PyTorch's vectorised CPU kernels (``lerp``, ``add(alpha=)``, ``addcmul``) and XLA under
+    ``jit`` round ``a*b + c`` once. :func:`fma` reproduces that exactly in float32 (the product
+    of two float32 numbers is exact in float64, and the float64 sum rounds to the same float32
+    except in double-rounding cases too rare to have shown up in the golden cases). In float64
+    there is no exact emulation in NumPy; ``a*b + c`` is used and the golden cases allow 2 ulp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from refopt import _libm
+from refopt.indexed_slices import IndexedSlices
+from refopt.reference._common import lr_cast, scalar, tf_cast
+
+__all__ = [
+    "fma", "adam_variant", "lazy_rows_torch", "sgd_variant", "clip_norm_variant",
+    "clip_global_norm_variant", "ema_variant", "decay_torch", "is_tf_keras_adam",
+]
+
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+
+
+def fma(a, b, c):
+    """``a*b + c`` rounded once (exact for float32; plain arithmetic in other dtypes)."""
+    a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
+    dtype = np.result_type(a, b, c)
+    if dtype == _F32:
+        with np.errstate(all="ignore"):
+            return (a.astype(_F64) * b.astype(_F64) + c.astype(_F64)).astype(_F32)
+    return a * b + c
+
+
+def is_tf_keras_adam(conv):
+    """Whether ``conv`` computes Adam's dense step exactly as tf-keras does."""
+    return conv is None or (
+        conv.epsilon_placement == "hat" and conv.bias_correction == "pow"
+        and conv.one_minus_beta == "float64" and conv.moment_update == "keras"
+        and conv.amsgrad_maximum == "raw" and conv.learning_rate_cast == "float32"
+        and conv.epsilon_cast == "dtype"
+    )
+
+
+# ----------------------------------------------------------------------------- scalars
+def lr_value(dtype, lr, conv):
+    """The learning rate as the framework holds it (see ``Convention.learning_rate_cast``)."""
+    if conv.learning_rate_cast == "float32":
+        return lr_cast(dtype, lr)
+    if conv.learning_rate_cast == "float64":
+        return float(lr)
+    return scalar(dtype, lr)
+
+
+def beta(dtype, b, conv):
+    """``beta`` in the variable dtype as the moment update multiplies by it."""
+    if conv.one_minus_beta == "dtype" or conv.moment_update in ("keras", "ema"):
+        return tf_cast(dtype, b)  # a float32 hyperparameter tensor, cast
+    return scalar(dtype, b)  # a Python float meeting a tensor
+
+
+def one_minus(dtype, b, conv):
+    """``1 - beta`` in the variable dtype, rounded as the convention does."""
+    if conv.one_minus_beta == "dtype":
+        return scalar(dtype, 1) - tf_cast(dtype, b)
+    return scalar(dtype, 1 - b)
+
+
+def beta_power(dtype, b, t, conv):
+    """``b**t`` as the convention computes it, returned in ``dtype`` (or float64 for torch)."""
+    how = conv.bias_correction
+    if how == "pow":
+        return _libm.power(dtype, tf_cast(dtype, b), scalar(dtype, t))
+    if how == "accumulator":
+        # TF1: a float32 variable initialised to beta, multiplied by beta after every step.
+        acc = np.float32(b)
+        factor = np.float32(b)
+        for _ in range(t - 1):
+            acc = np.float32(acc * factor)
+        return scalar(dtype, acc)
+    if how == "float64":
+        return float(b) ** t
+    # optax: a Python float to an int32 count -> float32 (float64 with x64) pow
+    work = _F64 if dtype == _F64 else _F32
+    return scalar(dtype, _libm.power(work, work.type(b), work.type(t)))
+
+
+def eps_value(dtype, eps, conv):
+    """Epsilon in ``dtype``: straight from the Python float, or through float32 (TF1)."""
+    return tf_cast(dtype, eps) if conv.epsilon_cast == "float32" else scalar(dtype, eps)
+
+
+# ----------------------------------------------------------------------------- Adam
+def _moments(m, v, g, dtype, b1, b2, conv, g_squared=None):
+    c1, c2 = one_minus(dtype, b1, conv), one_minus(dtype, b2, conv)
+    gg = np.square(g) if g_squared is None else g_squared
+    how = conv.moment_update
+    if how == "keras":
+        return m + (g - m) * c1, v + (gg - v) * c2
+    if how == "ema":
+        return beta(dtype, b1, conv) * m + c1 * g, beta(dtype, b2, conv) * v + c2 * gg
+    if how == "torch_fma":
+        # m.lerp_(g, w) as PyTorch's fused CPU kernel: one FMA, branch on |w| < 0.5
+        w = c1
+        d = g - m
+        m_new = fma(w, d, m) if abs(float(w)) < 0.5 else fma(w - scalar(dtype, 1), d, g)
+        v_new = fma(c2 * g, g, v * beta(dtype, b2, conv))
+        return m_new, v_new
+    # optax under jit: (1-b)*g + b*m contracted into one FMA by XLA
+    return (fma(c1, g, beta(dtype, b1, conv) * m),
+            fma(c2, gg, beta(dtype, b2, conv) * v))
+
+
+def adam_variant(param, grad, m, v, vhat, *, learning_rate, beta_1, beta_2, epsilon, step,
+                 convention, weight_decay=None):
+    """One Adam step under ``convention``; arguments as :func:`refopt.reference.adam_update`.
+
+    ``grad`` is an ndarray, or an IndexedSlices when ``convention.sparse_adam`` allows one
+    (already checked by the caller). ``weight_decay`` is used only by optax's ``adamw``
+    (``u = -lr*(adam_u + wd*w)``); the other couplings are separate steps.
+
+    Returns ``(param, m, v, vhat)`` as new arrays.
+    """
+    conv = convention
+    dtype = param.dtype
+    b1, b2, t = beta_1, beta_2, step
+    g_squared = None
+    if isinstance(grad, IndexedSlices):
+        if conv.sparse_adam == "scatter":
+            return _adam_scatter(param, grad, m, v, vhat, learning_rate, b1, b2, epsilon, t,
+                                 conv)
+        # "densify" (Keras 3): the update runs on the densified gradient
+        if conv.keras3_sparse_square:
+            sq = IndexedSlices(np.square(grad.values), grad.indices, grad.dense_shape)
+            g_squared = sq.to_dense()
+        grad = grad.to_dense()
+    eps = eps_value(dtype, epsilon, conv)
+    lr = lr_value(dtype, learning_rate, conv)
+    m_new, v_new = _moments(m, v, grad, dtype, b1, b2, conv, g_squared)
+    one = scalar(dtype, 1)
+    if conv.epsilon_placement == "hat":
+        p1 = beta_power(dtype, b1, t, conv)
+        p2 = beta_power(dtype, b2, t, conv)
+        if conv.bias_correction == "float64":
+            p1, p2 = scalar(dtype, p1), scalar(dtype, p2)
+        alpha = scalar(dtype, lr) * np.sqrt(one - p2) / (one - p1)
+        vhat_new = None if vhat is None else np.maximum(vhat, v_new)
+        denom_v = v_new if vhat is None else vhat_new
+        param_new = param - (m_new * alpha) / (np.sqrt(denom_v) + eps)
+        return param_new, m_new, v_new, vhat_new
+    if conv.bias_correction == "float64":
+        # PyTorch (fused CPU kernel): float64 scalars, one rounding to the dtype each
+        bc1 = 1.0 - float(b1) ** t
+        bc2_sqrt = math.sqrt(1.0 - float(b2) ** t)
+        step_size = float(lr) / bc1
+        if vhat is None:
+            vhat_new, denom_v = None, v_new
+        elif conv.amsgrad_maximum == "raw":
+            vhat_new = np.maximum(vhat, v_new)
+            denom_v = vhat_new
+        else:
+            vhat_new = np.maximum(vhat, v_new / scalar(dtype, 1.0 - float(b2) ** t))
+            denom_v = vhat_new * scalar(dtype, 1.0 - float(b2) ** t)
+        denom = np.sqrt(denom_v) / scalar(dtype, bc2_sqrt) + eps
+        param_new = param + (scalar(dtype, -step_size) * m_new) / denom
+        return param_new, m_new, v_new, vhat_new
+    # optax: bias corrections as reciprocal multiplies (XLA rewrites x / c under jit)
+    bc1 = one - beta_power(dtype, b1, t, conv)
+    bc2 = one - beta_power(dtype, b2, t, conv)
+    m_hat = m_new * (one / bc1)
+    v_hat = v_new * (one / bc2)
+    if vhat is None:
+        vhat_new, denom_v = None, v_hat
+    elif conv.amsgrad_maximum == "corrected":
+        vhat_new = np.maximum(vhat, v_hat)
+        denom_v = vhat_new
+    else:
+        vhat_new = np.maximum(vhat, v_new)
+        denom_v = vhat_new * (one / bc2)
+    u = m_hat / (np.sqrt(denom_v) + eps)
+    if weight_decay is not None:
+        u = fma(scalar(dtype, weight_decay), param, u)
+    u = scalar(dtype, -float(lr)) * u
+    return param + u, m_new, v_new, vhat_new
+
+
+def _adam_scatter(param, grad, m, v, vhat, learning_rate, b1, b2, eps, t, conv):
+    """TF1 / Keras 2 non-lazy sparse Adam: ``m*b`` densely, then scatter-add ``(1-b)*g``."""
+    dtype = param.dtype
+    g = grad.deduplicate()
+    one = scalar(dtype, 1)
+    c1, c2 = one_minus(dtype, b1, conv), one_minus(dtype, b2, conv)
+    m_new = m * tf_cast(dtype, b1)
+    m_new[g.indices] += g.values * c1
+    v_new = v * tf_cast(dtype, b2)
+    v_new[g.indices] += (g.values * g.values) * c2
+    p1 = scalar(dtype, beta_power(dtype, b1, t, conv))
+    p2 = scalar(dtype, beta_power(dtype, b2, t, conv))
+    lr_c = scalar(dtype, lr_value(dtype, learning_rate, conv)) * np.sqrt(one - p2) / (one - p1)
+    vhat_new = None if vhat is None else np.maximum(vhat, v_new)
+    denom_v = v_new if vhat is None else vhat_new
+    param_new = param - (lr_c * m_new) / (np.sqrt(denom_v) + eps_value(dtype, eps, conv))
+    return param_new, m_new, v_new, vhat_new
+
+
+def lazy_rows_torch(rows_param, rows_grad, rows_m, rows_v, *, learning_rate, beta_1, beta_2,
+                    epsilon, step):
+    """``torch.optim.SparseAdam`` on the gathered (unique) rows; returns ``(param, m, v)``.
+
+    ``dm = (g - m)*(1-b1)``, ``m += dm``; ``dv = (g*g - v)*(1-b2)``, ``v += dv``;
+    ``w += f(-step_size) * ((dm + m_old) / (sqrt(dv + v_old) + eps))`` with
+    ``step_size = lr*sqrt(1-b2^t)/(1-b1^t)`` in float64: epsilon-hat placement, like TF.
+    """
+    dtype = rows_param.dtype
+    c1, c2 = scalar(dtype, 1 - beta_1), scalar(dtype, 1 - beta_2)
+    dm = (rows_grad - rows_m) * c1
+    m_new = rows_m + dm
+    dv = (rows_grad * rows_grad - rows_v) * c2
+    v_new = rows_v + dv
+    numer = dm + rows_m
+    denom = np.sqrt(dv + rows_v) + scalar(dtype, epsilon)
+    step_size = float(learning_rate) * math.sqrt(1 - float(beta_2) ** step) / (
+        1 - float(beta_1) ** step)
+    return rows_param + scalar(dtype, -step_size) * (numer / denom), m_new, v_new
+
+
+def decay_torch(param, *, learning_rate, weight_decay):
+    """PyTorch ``AdamW``'s decoupled decay: ``w * dtype(1 - lr*wd)`` (the factor in float64)."""
+    return param * scalar(param.dtype, 1.0 - float(learning_rate) * float(weight_decay))
+
+
+def l2_torch(grad, param, weight_decay):
+    """PyTorch ``Adam``'s L2 coupling in its fused kernel: ``g + w*wd`` (two roundings)."""
+    return grad + param * scalar(param.dtype, weight_decay)
+
+
+# ----------------------------------------------------------------------------- SGD
+def sgd_variant(param, grad, m, *, learning_rate, momentum, nesterov, convention,
+                weight_decay=None):
+    """One SGD step under ``convention`` (dense gradient); returns ``(param, m)``.
+
+    ``weight_decay``: PyTorch's L2 term ``g = fma(wd, w, g)`` (``grad.add(param,
+    alpha=wd)``), used with ``convention.sgd_momentum == "torch"`` only.
+    """
+    conv = convention
+    dtype = param.dtype
+    how = conv.sgd_momentum
+    if how == "tf1":
+        lr = lr_cast(dtype, learning_rate)
+        mu = tf_cast(dtype, momentum)
+        acc = m * mu + grad
+        if nesterov:
+            return param - (grad * lr + acc * mu * lr), acc
+        return param - acc * lr, acc
+    if how == "torch":
+        if weight_decay:
+            grad = fma(scalar(dtype, weight_decay), param, grad)
+        mu = scalar(dtype, momentum)
+        if momentum:
+            buf = m * mu + grad
+            step = fma(mu, buf, grad) if nesterov else buf
+        else:
+            buf, step = m, grad
+        return fma(scalar(dtype, -float(learning_rate)), step, param), buf
+    # optax: trace t = g + mu*t (one FMA under jit), update -lr*t, then p + u
+    mu = scalar(dtype, momentum)
+    tr = fma(mu, m, grad)
+    step = fma(mu, tr, grad) if nesterov else tr
+    return param + scalar(dtype, -float(learning_rate)) * step, tr
+
+
+# ----------------------------------------------------------------------------- clipping
+def _values(g):
+    return g.values if isinstance(g, IndexedSlices) else g
+
+
+def _rewrap(g, values):
+    if isinstance(g, IndexedSlices):
+        return IndexedSlices(values, g.indices, g.dense_shape)
+    return np.asarray(values)
+
+
+def _sum_squares(values):
+    flat = np.ascontiguousarray(values)
+    return np.sum(flat * flat, dtype=flat.dtype)
+
+
+def clip_global_norm_variant(grads, clip_norm, convention):
+    """Clip all gradients together by their global L2 norm under ``convention.clip_formula``.
+
+    ``"torch"``: ``total = sqrt(sum(n_i^2))`` of the per-tensor norms, ``coef = c/(total +
+    1e-6)`` clamped to 1, every gradient times ``coef`` (infinite norm: finite gradients
+    become 0). ``"optax"``: ``N`` = sqrt of the sum of each tensor's sum of squares; kept when
+    ``N < c``, else ``(g / N) * c``. ``None`` entries stay ``None``. Returns the list.
+    """
+    present = [g for g in grads if g is not None]
+    if not present:
+        return list(grads)
+    dtype = _values(present[0]).dtype
+    with np.errstate(all="ignore"):
+        if convention.clip_formula == "torch":
+            norms = [np.sqrt(_sum_squares(_values(g))) for g in present]
+            total = np.sqrt(_sum_squares(np.asarray(norms, dtype)))
+            coef = scalar(dtype, clip_norm) / (total + scalar(dtype, 1e-6))
+            coef = np.minimum(coef, scalar(dtype, 1.0)) if not np.isnan(coef) else coef
+            return [None if g is None else _rewrap(g, _values(g) * coef) for g in grads]
+        sums = [_sum_squares(_values(g)) for g in present]
+        total = np.sqrt(np.sum(np.asarray(sums, dtype), dtype=dtype))
+        c = scalar(dtype, clip_norm)
+        if total < c:
+            return list(grads)
+        return [None if g is None else _rewrap(g, (_values(g) / total) * c) for g in grads]
+
+
+def clip_norm_variant(grad, clip_norm, convention):
+    """Per-tensor norm clipping with the framework's global formula applied to one tensor."""
+    return clip_global_norm_variant([grad], clip_norm, convention)[0]
+
+
+# ----------------------------------------------------------------------------- EMA
+def ema_variant(average, param, *, ema_momentum, first_step, convention):
+    """The weight average after a step under ``convention.ema``; returns a new array.
+
+    ``"keras3"``: ``mu = dtype(ema_momentum)``, or 0 on the first step, then
+    ``mu*avg + (1 - mu)*w`` with ``1 - mu`` in the dtype. ``"torch"``: the first update copies
+    ``w``; later ones ``avg.lerp_(w, 1 - decay)`` (one FMA, branch on ``|weight| < 0.5``).
+    """
+    dtype = average.dtype
+    if convention.ema == "keras3":
+        mu = scalar(dtype, 0.0 if first_step else ema_momentum)
+        return mu * average + (scalar(dtype, 1) - mu) * param
+    if first_step:
+        return param.copy()
+    w = scalar(dtype, 1 - ema_momentum)
+    d = param - average
+    if abs(float(w)) < 0.5:
+        return fma(w, d, average)
+    return fma(w - scalar(dtype, 1), d, param)
