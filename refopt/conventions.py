@@ -36,7 +36,7 @@ KNOB_VALUES = {
     "amsgrad_maximum": ("raw", "corrected"),
     "learning_rate_cast": ("float32", "float64", "dtype"),
     "epsilon_cast": ("dtype", "float32"),
-    "sparse_adam": ("tf_keras", "scatter", "densify", "error"),
+    "sparse_adam": ("tf_keras", "tf1", "keras2", "densify", "error"),
     "lazy_update": ("dense_rows", "ema_rows", "torch_sparse"),
     "adam_weight_decay": ("decoupled", "l2", "none"),
     "adamw_weight_decay": ("decoupled", "torch", "optax", "none"),
@@ -87,10 +87,12 @@ class Convention:
     epsilon_cast : {"dtype", "float32"}
         Epsilon converted straight to the variable dtype, or through a float32 tensor
         (TF1's ``epsilon_t``; matters for float64 variables).
-    sparse_adam : {"tf_keras", "scatter", "densify", "error"}
+    sparse_adam : {"tf_keras", "tf1", "keras2", "densify", "error"}
         Non-lazy Adam on an IndexedSlices: tf-keras' ``m + (-m)(1-b)`` then scatter-add;
-        TF1/Keras 2's ``m*b`` then scatter-add of ``(1-b)*g``; Keras 3's dense update on the
-        densified gradient; or refused (PyTorch ``Adam``; optax has no sparse gradients).
+        TF1's and Keras 2's ``m*b`` then scatter-add of ``(1-b)*g`` (they group the step
+        size as ``(lr*sqrt(1-b2^t))/(1-b1^t)`` and ``lr*(sqrt(1-b2^t)/(1-b1^t))``); Keras 3's
+        dense update on the densified gradient; or refused (PyTorch ``Adam``; optax has no
+        sparse gradients).
     lazy_update : {"dense_rows", "ema_rows", "torch_sparse"}
         ``LazyAdam``'s row update: the convention's dense update on the gathered rows;
         TF1 contrib / TF-Addons ``b*m + (1-b)*g`` rows; or ``torch.optim.SparseAdam``.
@@ -236,7 +238,7 @@ PRESETS = {
         framework="Keras 2 legacy OptimizerV2 (tf.keras.optimizers.legacy) and "
         "TF-Addons LazyAdam",
         one_minus_beta="dtype",
-        sparse_adam="scatter",
+        sparse_adam="keras2",
         lazy_update="ema_rows",
         adam_weight_decay="none",
         adamw_weight_decay="none",
@@ -250,7 +252,7 @@ PRESETS = {
         "contrib LazyAdamOptimizer",
         bias_correction="accumulator",
         one_minus_beta="dtype",
-        sparse_adam="scatter",
+        sparse_adam="tf1",
         lazy_update="ema_rows",
         adam_weight_decay="none",
         adamw_weight_decay="none",

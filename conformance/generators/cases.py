@@ -21,9 +21,11 @@ Gradient kinds
                    3x2 table of ones, every step.
 
 Tolerances (ulp per step, the replay resyncs to the recorded state before each step when > 0):
-0 = bit-identical. Norm-based clipping in the TF family gets 1 ulp (TF's Eigen sums in another
-order than NumPy). torch's default (for-loop) path gets 2 (its CPU sqrt is MKL's, not correctly
-rounded), optax gets 2 (XLA's pow and FMA contraction).
+0 = bit-identical over the whole trajectory. Norm-based clipping in the TF family gets 1 ulp
+(TF's Eigen sums in another order than NumPy; 128 ulp of ``m`` where a rescaled gradient
+cancels). torch's for-loop path and SparseAdam get 2 (their CPU sqrt is MKL's, not correctly
+rounded). torch's fused path and optax under jit are bit-identical (refopt reproduces their
+FMA contractions, see refopt/reference/variants.py).
 """
 
 from __future__ import annotations
@@ -91,7 +93,10 @@ CASES = [
        dict(learning_rate=0.01, momentum=0.9, nesterov=True), dtype="float64",
        api="tf_keras.optimizers.SGD"),
     _c("tf_keras/clipnorm_f32", TF, "Adam", dict(_ADAM, clipnorm=1.0),
-       api="tf_keras.optimizers.Adam(clipnorm)", tol=1, why=NORM_WHY),
+       api="tf_keras.optimizers.Adam(clipnorm)", tol=128,
+       why="128 ulp: a 1-ulp difference in a tensor's norm (TF's Eigen adds in another order "
+           "than NumPy) rescales its clipped gradient by 1 ulp; where m + (g - m)(1 - b1) nearly "
+           "cancels, that is up to 128 ulp of m in one step (the variables stay within 1 ulp)"),
     _c("tf_keras/global_clipnorm_nonfinite_f32", TF, "Adam", dict(_ADAM, global_clipnorm=1.0),
        grads="dense_nonfinite", api="tf_keras.optimizers.Adam(global_clipnorm)", tol=1,
        why=NORM_WHY),
@@ -172,8 +177,7 @@ CASES = [
        api="torch.optim.Adam (for-loop)", tol=2,
        why="2 ulp: the for-loop path takes MKL's sqrt, not correctly rounded"),
     _c("torch/adam_fused_f64_100", TORCH, "Adam", dict(_ADAM, epsilon=1e-8), dtype="float64",
-       steps=100, api="torch.optim.Adam(fused=True)", variant=dict(fused=True), tol=2,
-       why="2 ulp: float64 FMA is not emulated exactly by NumPy"),
+       steps=100, api="torch.optim.Adam(fused=True)", variant=dict(fused=True)),
     _c("torch/amsgrad_fused_f32", TORCH, "Adam", dict(_ADAM, amsgrad=True),
        api="torch.optim.Adam(amsgrad=True, fused=True)", variant=dict(fused=True)),
     _c("torch/adam_l2_fused_f32", TORCH, "Adam", dict(_ADAM, weight_decay=0.1),
@@ -184,37 +188,32 @@ CASES = [
     _c("torch/adam_none_grads_f32", TORCH, "Adam", dict(_ADAM), grads="dense_none",
        api="torch.optim.Adam(fused=True) (per-parameter step counts)", variant=dict(fused=True)),
     _c("torch/sparseadam_f32", TORCH, "LazyAdam", dict(_ADAM), shapes=_TABLE[:1],
-       grads="sparse", steps=30, api="torch.optim.SparseAdam"),
+       grads="sparse", steps=30, api="torch.optim.SparseAdam", tol=2,
+       why="2 ulp: SparseAdam takes torch.sqrt, MKL's on CPU, not correctly rounded"),
     _c("torch/sgd_momentum_f32", TORCH, "SGD", dict(learning_rate=0.01, momentum=0.9),
        api="torch.optim.SGD(momentum=0.9)"),
     _c("torch/sgd_nesterov_f64", TORCH, "SGD",
        dict(learning_rate=0.01, momentum=0.9, nesterov=True), dtype="float64",
-       api="torch.optim.SGD(nesterov=True)", tol=2,
-       why="2 ulp: float64 FMA is not emulated exactly by NumPy"),
+       api="torch.optim.SGD(nesterov=True)"),
     _c("torch/clip_grad_norm_nonfinite_f32", TORCH, "SGD",
        dict(learning_rate=0.1, global_clipnorm=1.0), grads="dense_nonfinite",
-       api="torch.nn.utils.clip_grad_norm_ + torch.optim.SGD", tol=1,
-       why="1 ulp: the norm is a reduction (torch's vectorised order)"),
+       api="torch.nn.utils.clip_grad_norm_ + torch.optim.SGD"),
     _c("torch/clip_grad_value_f32", TORCH, "SGD", dict(learning_rate=0.1, clipvalue=0.5),
        grads="dense_nonfinite", api="torch.nn.utils.clip_grad_value_ + torch.optim.SGD"),
     _c("torch/ema_f32", TORCH, "SGD", dict(learning_rate=0.1, use_ema=True, ema_momentum=0.9),
        api="torch.optim.swa_utils.AveragedModel(multi_avg_fn=get_ema_multi_avg_fn(0.9))"),
     # ---- optax: optax 0.2.8 on jax 0.10.2 (CPU, jit)
-    _c("optax/adam_f32", OPTAX, "Adam", dict(_ADAM, epsilon=1e-8), api="optax.adam (jit)", tol=2,
-       why="2 ulp: XLA's float32 pow and FMA contraction"),
+    _c("optax/adam_f32", OPTAX, "Adam", dict(_ADAM, epsilon=1e-8), api="optax.adam (jit)"),
     _c("optax/adam_f64", OPTAX, "Adam", dict(_ADAM, epsilon=1e-8), dtype="float64",
-       api="optax.adam (jit, jax_enable_x64)", tol=2, why="2 ulp: XLA's pow and FMA contraction"),
-    _c("optax/amsgrad_f32", OPTAX, "Adam", dict(_ADAM, amsgrad=True), api="optax.amsgrad (jit)",
-       tol=2, why="2 ulp: XLA's float32 pow and FMA contraction"),
-    _c("optax/adamw_f32", OPTAX, "AdamW", dict(_ADAM, weight_decay=0.1), api="optax.adamw (jit)",
-       tol=2, why="2 ulp: XLA's float32 pow and FMA contraction"),
+       api="optax.adam (jit, jax_enable_x64)"),
+    _c("optax/amsgrad_f32", OPTAX, "Adam", dict(_ADAM, amsgrad=True), api="optax.amsgrad (jit)"),
+    _c("optax/adamw_f32", OPTAX, "AdamW", dict(_ADAM, weight_decay=0.1), api="optax.adamw (jit)"),
     _c("optax/sgd_nesterov_f32", OPTAX, "SGD", dict(learning_rate=0.01, momentum=0.9,
                                                     nesterov=True),
-       api="optax.sgd (jit)", tol=2, why="2 ulp: XLA's FMA contraction"),
+       api="optax.sgd (jit)"),
     _c("optax/clip_by_global_norm_nonfinite_f32", OPTAX, "SGD",
        dict(learning_rate=0.1, global_clipnorm=1.0), grads="dense_nonfinite",
-       api="optax.chain(clip_by_global_norm, sgd) (jit)", tol=2,
-       why="2 ulp: the norm is a reduction (XLA's order)"),
+       api="optax.chain(clip_by_global_norm, sgd) (jit)"),
 ]
 
 _BY_ID = {c["id"]: c for c in CASES}

@@ -8,10 +8,7 @@ variable dtype, with the rounding points of the framework it reproduces written 
 
 Fused multiply-add
     PyTorch's vectorised CPU kernels (``lerp``, ``add(alpha=)``, ``addcmul``) and XLA under
-    ``jit`` round ``a*b + c`` once. :func:`fma` reproduces that exactly in float32 (the product
-    of two float32 numbers is exact in float64, and the float64 sum rounds to the same float32
-    except in double-rounding cases too rare to have shown up in the golden cases). In float64
-    there is no exact emulation in NumPy; ``a*b + c`` is used and the golden cases allow 2 ulp.
+    ``jit`` round ``a*b + c`` once; :func:`fma` reproduces that in float32 and float64.
 """
 
 from __future__ import annotations
@@ -34,13 +31,39 @@ _F64 = np.dtype(np.float64)
 
 
 def fma(a, b, c):
-    """``a*b + c`` rounded once (exact for float32; plain arithmetic in other dtypes)."""
+    """``a*b + c`` rounded once, elementwise, for float32 and float64 arrays or scalars.
+
+    float32: the product is exact in float64, and the float64 sum is rounded once to float32
+    (double rounding could differ in rare halfway cases; none showed up in the golden cases).
+    float64: an error-free transformation (Dekker's product, Knuth's sum) gives ``a*b + c``
+    as ``s + e`` exactly up to the last step's rounding, which is correct except in rare
+    double-rounding cases. Non-finite inputs fall back to ``a*b + c``.
+    """
     a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
     dtype = np.result_type(a, b, c)
-    if dtype == _F32:
-        with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):
+        if dtype == _F32:
             return (a.astype(_F64) * b.astype(_F64) + c.astype(_F64)).astype(_F32)
-    return a * b + c
+        if dtype != _F64:
+            return a * b + c
+        p = a * b
+        # Dekker: a*b = p + e exactly (Veltkamp split into 26-bit halves)
+        split = 134217729.0  # 2**27 + 1
+        ta = split * a
+        ah = ta - (ta - a)
+        al = a - ah
+        tb = split * b
+        bh = tb - (tb - b)
+        bl = b - bh
+        e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+        # Knuth: p + c = s + f exactly
+        s = p + c
+        bb = s - p
+        f = (p - (s - bb)) + (c - bb)
+        out = s + (f + e)
+        plain = a * b + c
+        ok = np.isfinite(out) & np.isfinite(p) & (np.abs(p) < 1e300)
+        return np.where(ok, out, plain)
 
 
 def is_tf_keras_adam(conv):
@@ -115,7 +138,15 @@ def _moments(m, v, g, dtype, b1, b2, conv, g_squared=None):
         w = c1
         d = g - m
         m_new = fma(w, d, m) if abs(float(w)) < 0.5 else fma(w - scalar(dtype, 1), d, g)
-        v_new = fma(c2 * g, g, v * beta(dtype, b2, conv))
+        b2d = beta(dtype, b2, conv)
+        v_new = fma(c2 * g, g, v * b2d)
+        # the kernel's scalar tail (the last numel mod (32 bytes / itemsize) elements: 8
+        # float32, 4 float64) is contracted the other way round
+        tail = v.size % (32 // dtype.itemsize)
+        if tail and dtype in (_F32, _F64):
+            vt = v_new.reshape(-1)
+            gt, old = g.reshape(-1)[-tail:], v.reshape(-1)[-tail:]
+            vt[-tail:] = fma(old, b2d, (c2 * gt) * gt)
         return m_new, v_new
     # optax under jit: (1-b)*g + b*m contracted into one FMA by XLA
     return (fma(c1, g, beta(dtype, b1, conv) * m),
@@ -137,7 +168,7 @@ def adam_variant(param, grad, m, v, vhat, *, learning_rate, beta_1, beta_2, epsi
     b1, b2, t = beta_1, beta_2, step
     g_squared = None
     if isinstance(grad, IndexedSlices):
-        if conv.sparse_adam == "scatter":
+        if conv.sparse_adam in ("tf1", "keras2"):
             return _adam_scatter(param, grad, m, v, vhat, learning_rate, b1, b2, epsilon, t,
                                  conv)
         # "densify" (Keras 3): the update runs on the densified gradient
@@ -175,11 +206,11 @@ def adam_variant(param, grad, m, v, vhat, *, learning_rate, beta_1, beta_2, epsi
         denom = np.sqrt(denom_v) / scalar(dtype, bc2_sqrt) + eps
         param_new = param + (scalar(dtype, -step_size) * m_new) / denom
         return param_new, m_new, v_new, vhat_new
-    # optax: bias corrections as reciprocal multiplies (XLA rewrites x / c under jit)
+    # optax under jit, as XLA:CPU compiles it for a pytree of several arrays: the bias
+    # corrections are folded into one denominator, mu / (bc1 * (sqrt(nu / bc2) + eps))
     bc1 = one - beta_power(dtype, b1, t, conv)
     bc2 = one - beta_power(dtype, b2, t, conv)
-    m_hat = m_new * (one / bc1)
-    v_hat = v_new * (one / bc2)
+    v_hat = v_new / bc2
     if vhat is None:
         vhat_new, denom_v = None, v_hat
     elif conv.amsgrad_maximum == "corrected":
@@ -187,11 +218,11 @@ def adam_variant(param, grad, m, v, vhat, *, learning_rate, beta_1, beta_2, epsi
         denom_v = vhat_new
     else:
         vhat_new = np.maximum(vhat, v_new)
-        denom_v = vhat_new * (one / bc2)
-    u = m_hat / (np.sqrt(denom_v) + eps)
+        denom_v = vhat_new / bc2
+    u = m_new / (bc1 * (np.sqrt(denom_v) + eps))
     if weight_decay is not None:
-        u = fma(scalar(dtype, weight_decay), param, u)
-    u = scalar(dtype, -float(lr)) * u
+        u = fma(param, scalar(dtype, weight_decay), u)
+    u = u * scalar(dtype, -float(lr))
     return param + u, m_new, v_new, vhat_new
 
 
@@ -204,10 +235,17 @@ def _adam_scatter(param, grad, m, v, vhat, learning_rate, b1, b2, eps, t, conv):
     m_new = m * tf_cast(dtype, b1)
     m_new[g.indices] += g.values * c1
     v_new = v * tf_cast(dtype, b2)
-    v_new[g.indices] += (g.values * g.values) * c2
+    if conv.sparse_adam == "tf1":  # TF1's graph (Grappler) computes (g*g)*c as g*(g*c)
+        v_new[g.indices] += g.values * (g.values * c2)
+    else:
+        v_new[g.indices] += (g.values * g.values) * c2
     p1 = scalar(dtype, beta_power(dtype, b1, t, conv))
     p2 = scalar(dtype, beta_power(dtype, b2, t, conv))
-    lr_c = scalar(dtype, lr_value(dtype, learning_rate, conv)) * np.sqrt(one - p2) / (one - p1)
+    lr = scalar(dtype, lr_value(dtype, learning_rate, conv))
+    if conv.sparse_adam == "keras2":  # lr_t * (sqrt(1 - b2^t) / (1 - b1^t))
+        lr_c = lr * (np.sqrt(one - p2) / (one - p1))
+    else:  # TF1: lr * sqrt(1 - b2^t) / (1 - b1^t), left to right
+        lr_c = lr * np.sqrt(one - p2) / (one - p1)
     vhat_new = None if vhat is None else np.maximum(vhat, v_new)
     denom_v = v_new if vhat is None else vhat_new
     param_new = param - (lr_c * m_new) / (np.sqrt(denom_v) + eps_value(dtype, eps, conv))
@@ -241,8 +279,8 @@ def decay_torch(param, *, learning_rate, weight_decay):
 
 
 def l2_torch(grad, param, weight_decay):
-    """PyTorch ``Adam``'s L2 coupling in its fused kernel: ``g + w*wd`` (two roundings)."""
-    return grad + param * scalar(param.dtype, weight_decay)
+    """PyTorch ``Adam``'s L2 coupling in its fused kernel: ``fma(w, wd, g)`` (one rounding)."""
+    return fma(param, scalar(param.dtype, weight_decay), grad)
 
 
 # ----------------------------------------------------------------------------- SGD

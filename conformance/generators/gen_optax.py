@@ -1,0 +1,184 @@
+"""Record the golden data of the optax cases (convention "optax") with the real optax on JAX CPU.
+
+Run from the repository root, in the environment of ``requirements-optax.txt``::
+
+    python conformance/generators/gen_optax.py [--only SUBSTRING]
+
+For every case of ``cases.py`` whose convention is "optax" (and whose id contains SUBSTRING),
+the inputs of :func:`cases.make_inputs` are fed as a list pytree of jnp arrays; each step runs
+the transformation's ``update`` under ``jax.jit`` (updates and state) and then
+``optax.apply_updates`` outside jit, as a user would. Recorded state, under refopt's names:
+
+* ``optax.adam`` / ``adamw``: ``mu`` -> ``m``, ``nu`` -> ``v``
+* ``optax.amsgrad``:          ``mu`` -> ``m``, ``nu`` -> ``v``, ``nu_max`` -> ``vhat``
+                              (optax's maximum is over the *bias-corrected* nu)
+* ``optax.sgd`` with momentum: ``trace`` -> ``m``
+
+float64 cases need ``jax_enable_x64``, which must be set before JAX computes anything and which
+also changes how Python-float hyperparameters promote (the float32 cases must run without it).
+So the script records the float32 cases in this process and the float64 cases in a child
+process started with ``--x64``.
+
+Hyperparameters use refopt/Keras names in ``cases.py``; they are translated here. One the case
+omits takes optax's own default (e.g. ``eps=1e-8``, adamw ``weight_decay=1e-4``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+
+if "--x64" in sys.argv:  # before anything touches JAX
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cases  # noqa: E402
+import store  # noqa: E402
+
+_ADAM_KEYS = {"learning_rate": "learning_rate", "beta_1": "b1", "beta_2": "b2",
+              "epsilon": "eps"}
+_WRAPPER_KEYS = {"global_clipnorm", "clipvalue"}
+
+
+def versions():
+    import jaxlib
+
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "optax": optax.__version__,
+            "numpy": np.__version__, "python": platform.python_version()}
+
+
+def _kwargs(case, keymap):
+    out = {}
+    for key, value in case["hyperparameters"].items():
+        if key in _WRAPPER_KEYS or key == "amsgrad":
+            continue
+        if key not in keymap:
+            raise ValueError(f"{case['id']}: hyperparameter {key!r} has no optax mapping here")
+        if key == "learning_rate" and not isinstance(value, (int, float)):
+            raise ValueError(f"{case['id']}: learning-rate schedules are not mapped for optax")
+        out[keymap[key]] = value
+    out.update(case["variant"])
+    return out
+
+
+def build_transformation(case):
+    """The optax GradientTransformation of ``case``; raises on anything it cannot map."""
+    hyper = case["hyperparameters"]
+    name = case["optimizer"]
+    if name == "Adam":
+        if hyper.get("weight_decay"):
+            raise ValueError("optax.adam has no L2 weight decay")
+        fn = optax.amsgrad if hyper.get("amsgrad") else optax.adam
+        tx = fn(**_kwargs(case, _ADAM_KEYS))
+    elif name == "AdamW":
+        if hyper.get("amsgrad"):
+            raise ValueError("optax.adamw has no amsgrad")
+        tx = optax.adamw(**_kwargs(case, dict(_ADAM_KEYS, weight_decay="weight_decay")))
+    elif name == "SGD":
+        tx = optax.sgd(**_kwargs(case, {"learning_rate": "learning_rate", "momentum": "momentum",
+                                         "nesterov": "nesterov"}))
+    else:
+        raise ValueError(f"{case['id']}: optimizer {name!r} is not mapped for optax")
+    before = []
+    if "global_clipnorm" in hyper:
+        before.append(optax.clip_by_global_norm(hyper["global_clipnorm"]))
+    if "clipvalue" in hyper:
+        before.append(optax.clip(hyper["clipvalue"]))
+    return optax.chain(*before, tx) if before else tx
+
+
+def _walk_states(state):
+    """Every optimizer-state node inside an optax state (chains are nested tuples)."""
+    yield state
+    if isinstance(state, tuple) and not hasattr(state, "_fields"):
+        for s in state:
+            yield from _walk_states(s)
+
+
+def record_slots(state, n):
+    """refopt slot name -> list (variables) of ndarray, from the optax state."""
+    found = {}
+
+    def put(name, leaves):
+        assert name not in found, f"two states give slot {name!r}"
+        assert len(leaves) == n
+        found[name] = [np.array(x) for x in leaves]
+
+    for s in _walk_states(state):
+        if isinstance(s, optax.ScaleByAmsgradState):
+            put("m", s.mu), put("v", s.nu), put("vhat", s.nu_max)
+        elif isinstance(s, optax.ScaleByAdamState):
+            put("m", s.mu), put("v", s.nu)
+        elif isinstance(s, optax.TraceState):
+            put("m", s.trace)
+    return found
+
+
+def run_case(case):
+    dtype = np.dtype(case["dtype"])
+    init, grads = cases.make_inputs(case)
+    params = [jnp.asarray(a) for a in init]
+    for p in params:
+        assert p.dtype == dtype, (case["id"], p.dtype)
+    tx = build_transformation(case)
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+
+    recorded_params = []
+    slots = {}
+    for k, row in enumerate(grads, start=1):
+        if any(g is None or isinstance(g, tuple) for g in row):
+            raise ValueError(f"{case['id']}: optax takes dense gradients for every leaf only")
+        g = [jnp.asarray(x) for x in row]
+        updates, state = update(g, state, params)
+        params = optax.apply_updates(params, updates)
+        recorded_params.append([np.array(p) for p in params])
+        for name, per_var in record_slots(state, len(params)).items():
+            slots.setdefault(name, [[None] * len(params)] * (k - 1)).append(per_var)
+    store.save_case(case, framework="optax", versions=versions(), init=init, grads=grads,
+                    params=recorded_params, slots=slots)
+    return sorted(slots)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="record only cases whose id contains this")
+    parser.add_argument("--x64", action="store_true",
+                        help="(internal) record the float64 cases, with jax_enable_x64")
+    args = parser.parse_args(argv)
+    todo = [c for c in cases.cases_for({cases.OPTAX}) if args.only in c["id"]]
+    if not todo:
+        sys.exit(f"no optax case matches {args.only!r}")
+    wide = [c for c in todo if c["dtype"] == "float64"]
+    mine = wide if args.x64 else [c for c in todo if c["dtype"] != "float64"]
+    failed = []
+    for case in mine:
+        try:
+            names = run_case(case)
+        except Exception as exc:  # report, go on with the others
+            failed.append(case["id"])
+            print(f"SKIPPED {case['id']}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        print(f"recorded {case['id']}  slots={names}  (x64={jax.config.jax_enable_x64})")
+    rc = 1 if failed else 0
+    if wide and not args.x64:
+        child = [sys.executable, os.path.abspath(__file__), "--x64", "--only", args.only]
+        rc |= subprocess.call(child)
+    if not args.x64:
+        print(f"optax {optax.__version__} / jax {jax.__version__}: done, "
+              f"{'some cases FAILED' if rc else 'all recorded'}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

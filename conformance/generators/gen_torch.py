@@ -1,0 +1,174 @@
+"""Record the golden data of the PyTorch cases (convention "torch") with the real torch.optim.
+
+Run from the repository root, in the environment of ``requirements-torch.txt``::
+
+    python conformance/generators/gen_torch.py [--only SUBSTRING]
+
+For every case of ``cases.py`` whose convention is "torch" (and whose id contains SUBSTRING):
+the inputs of :func:`cases.make_inputs` are fed to the torch optimizer named by the case, one
+``step()`` per recorded step, and the parameters and optimizer state after each step are written
+with :func:`store.save_case` under refopt's slot names:
+
+* Adam / AdamW: ``exp_avg`` -> ``m``, ``exp_avg_sq`` -> ``v``, ``max_exp_avg_sq`` -> ``vhat``
+* SparseAdam:   ``exp_avg`` -> ``m``, ``exp_avg_sq`` -> ``v``
+* SGD:          ``momentum_buffer`` -> ``m`` (torch creates it at the first step with momentum)
+* EMA:          the parameters of ``AveragedModel(multi_avg_fn=get_ema_multi_avg_fn(d))``,
+                updated after every optimizer step -> ``average``
+
+State is recorded as it exists after each step: a parameter that has not yet had a gradient
+has no state (``None``); a parameter skipped at a step (``grad is None``) keeps its old state.
+
+Hyperparameters use refopt/Keras names in ``cases.py``; they are translated here. A
+hyperparameter the case omits takes torch's own default. ``variant`` holds extra keyword
+arguments of the torch optimizer (e.g. ``fused=True``); without it the default implementation
+runs (the single-tensor for-loop on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import platform
+import sys
+import warnings
+
+import numpy as np
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cases  # noqa: E402
+import store  # noqa: E402
+
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+# Keras/refopt name -> torch keyword, per optimizer. "betas" is assembled from beta_1/beta_2.
+_ADAM_KEYS = {"learning_rate": "lr", "epsilon": "eps", "weight_decay": "weight_decay",
+              "amsgrad": "amsgrad"}
+_OPTIMIZERS = {
+    # refopt optimizer -> (torch class, its keyword map, takes betas)
+    "Adam": (torch.optim.Adam, _ADAM_KEYS, True),
+    "AdamW": (torch.optim.AdamW, _ADAM_KEYS, True),
+    "LazyAdam": (torch.optim.SparseAdam, {"learning_rate": "lr", "epsilon": "eps"}, True),
+    "SGD": (torch.optim.SGD, {"learning_rate": "lr", "momentum": "momentum",
+                              "nesterov": "nesterov"}, False),
+}
+# Handled around the optimizer rather than passed to it.
+_WRAPPER_KEYS = {"global_clipnorm", "clipvalue", "use_ema", "ema_momentum"}
+
+# torch state name -> refopt slot name
+_STATE_SLOTS = {"exp_avg": "m", "exp_avg_sq": "v", "max_exp_avg_sq": "vhat",
+                "momentum_buffer": "m"}
+
+
+def versions():
+    return {"torch": torch.__version__, "numpy": np.__version__,
+            "python": platform.python_version()}
+
+
+def build_optimizer(case, params):
+    """The torch optimizer of ``case`` over ``params``; raises on anything it cannot map."""
+    hyper = dict(case["hyperparameters"])
+    cls, keymap, takes_betas = _OPTIMIZERS[case["optimizer"]]
+    kwargs = {}
+    if takes_betas and ("beta_1" in hyper or "beta_2" in hyper):
+        b1, b2 = inspect.signature(cls).parameters["betas"].default  # torch's own defaults
+        kwargs["betas"] = (hyper.pop("beta_1", b1), hyper.pop("beta_2", b2))
+    for key in list(hyper):
+        if key in _WRAPPER_KEYS:
+            continue
+        if key not in keymap:
+            raise ValueError(f"{case['id']}: hyperparameter {key!r} has no {cls.__name__} mapping")
+        value = hyper[key]
+        if key == "learning_rate" and not isinstance(value, (int, float)):
+            raise ValueError(f"{case['id']}: learning-rate schedules are not mapped for torch")
+        kwargs[keymap[key]] = value
+    kwargs.update(case["variant"])
+    return cls(params, **kwargs)
+
+
+def to_torch_grad(g, shape, dtype):
+    if g is None:
+        return None
+    if isinstance(g, tuple):  # ("sparse", indices, values) -> uncoalesced COO, as nn.Embedding
+        _, idx, values = g
+        return torch.sparse_coo_tensor(torch.from_numpy(np.asarray(idx, np.int64)[None].copy()),
+                                       torch.from_numpy(np.asarray(values).copy()),
+                                       tuple(shape), dtype=dtype)
+    return torch.from_numpy(np.asarray(g).copy())
+
+
+def run_case(case):
+    hyper = case["hyperparameters"]
+    dtype = TORCH_DTYPES[case["dtype"]]
+    init, grads = cases.make_inputs(case)
+    params = [torch.nn.Parameter(torch.from_numpy(np.asarray(a).copy())) for a in init]
+    for p in params:
+        assert p.dtype == dtype
+    optimizer = build_optimizer(case, params)
+    if isinstance(optimizer, torch.optim.SparseAdam) and len(params) != 1:
+        raise ValueError("SparseAdam takes only the table (all gradients must be sparse)")
+    ema = None
+    if hyper.get("use_ema"):
+        model = torch.nn.ParameterList(params)
+        decay = {"decay": hyper["ema_momentum"]} if "ema_momentum" in hyper else {}
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(**decay))
+    sparse_expected = isinstance(optimizer, torch.optim.SparseAdam)
+
+    recorded_params = []
+    slots = {name: [] for name in ("m", "v", "vhat", "average")}
+    for row in grads:
+        for p, g in zip(params, row):
+            if isinstance(g, tuple) != sparse_expected and g is not None:
+                raise ValueError(f"{case['id']}: gradient kind does not fit {type(optimizer)}")
+            p.grad = to_torch_grad(g, p.shape, dtype)
+        if "global_clipnorm" in hyper:
+            torch.nn.utils.clip_grad_norm_(params, hyper["global_clipnorm"])
+        if "clipvalue" in hyper:
+            torch.nn.utils.clip_grad_value_(params, hyper["clipvalue"])
+        optimizer.step()
+        if ema is not None:
+            ema.update_parameters(model)
+
+        recorded_params.append([p.detach().numpy().copy() for p in params])
+        per_slot = {name: [None] * len(params) for name in slots}
+        for i, p in enumerate(params):
+            for key, value in optimizer.state.get(p, {}).items():
+                if key in _STATE_SLOTS and isinstance(value, torch.Tensor):
+                    per_slot[_STATE_SLOTS[key]][i] = value.detach().numpy().copy()
+        if ema is not None:
+            for i, a in enumerate(ema.module.parameters()):
+                per_slot["average"][i] = a.detach().numpy().copy()
+        for name in slots:
+            slots[name].append(per_slot[name])
+    slots = {n: rows for n, rows in slots.items()
+             if any(s is not None for r in rows for s in r)}
+    store.save_case(case, framework="torch", versions=versions(), init=init, grads=grads,
+                    params=recorded_params, slots=slots)
+    return sorted(slots)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="record only cases whose id contains this")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message="Sparse invariant checks")
+    todo = [c for c in cases.cases_for({cases.TORCH}) if args.only in c["id"]]
+    if not todo:
+        sys.exit(f"no torch case matches {args.only!r}")
+    failed = []
+    for case in todo:
+        try:
+            names = run_case(case)
+        except Exception as exc:  # report, go on with the others
+            failed.append(case["id"])
+            print(f"SKIPPED {case['id']}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        print(f"recorded {case['id']}  slots={names}")
+    print(f"torch {torch.__version__}: {len(todo) - len(failed)} recorded, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
