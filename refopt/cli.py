@@ -691,7 +691,77 @@ def _run_check(args):
 # the parser and the entry point
 
 #: Functions that each add one subcommand to the parser, in the order ``--help`` lists them.
-_SUBCOMMANDS = [_add_demo, _add_golden, _add_check]
+# ------------------------------------------------------------------------------ conformance
+def _add_conformance(subparsers):
+    p = subparsers.add_parser(
+        "conformance",
+        help="replay the golden trajectories recorded from TensorFlow/Keras, PyTorch, optax",
+        description="Replay the bundled golden cases (recorded from the real frameworks, see "
+        "conformance/README.md) through refopt and print, per case: framework and version, "
+        "optimizer, steps, the largest distance in ulp and pass/fail against the case's "
+        "tolerance. Exit status 1 when a case fails.",
+    )
+    p.add_argument("--backend", choices=("reference", "cpu", "cuda"), default="reference",
+                   help="refopt backend to replay through (default: reference); cuda replays "
+                   "only the cases with tf-keras numerics and dense gradients")
+    p.add_argument("--filter", default=None, metavar="TEXT",
+                   help="only the cases whose id contains TEXT (e.g. 'torch/' or 'sparse')")
+    p.add_argument("--list", action="store_true", help="list the cases without replaying")
+    p.set_defaults(handler=_run_conformance)
+
+
+def _cuda_replayable(entry):
+    from refopt.conventions import PRESETS, get_convention
+
+    conv = get_convention(entry["convention"], **entry.get("knobs", {}))
+    return (not conv.differences(PRESETS["tf_keras"])
+            and entry["grads"] in ("dense", "dense_nonfinite", "dense_none"))
+
+
+def _run_conformance(args):
+    from refopt import conformance
+
+    entries = [e for e in conformance.load_manifest()
+               if args.filter is None or args.filter in e["id"]]
+    if not entries:
+        raise CommandError(f"no case matches --filter {args.filter!r}; see --list")
+    if args.list:
+        for e in entries:
+            print(f"{e['id']:44s} {e['api']}")
+        return 0
+    skipped = 0
+    if args.backend == "cuda":
+        try:
+            from refopt.kernels import cuda as kc
+
+            kc.require_device()
+        except (ImportError, RuntimeError) as exc:
+            raise CommandError(f"--backend cuda: {exc}") from None
+        before = len(entries)
+        entries = [e for e in entries if _cuda_replayable(e)]
+        skipped = before - len(entries)
+    header = f"{'case':44s} {'framework':34s} {'optimizer':9s} {'steps':>5s} {'max ulp':>8s} " \
+             f"{'tol':>4s}  result"
+    print(header)
+    print("-" * len(header))
+    failed = []
+    for e in entries:
+        r = conformance.replay(e, backend=args.backend)
+        ulp = "inf" if r.max_ulp == float("inf") else f"{r.max_ulp:g}"
+        print(f"{r.case:44s} {r.version[:34]:34s} {r.optimizer:9s} {r.steps:5d} {ulp:>8s} "
+              f"{r.tolerance_ulp:4d}  {'pass' if r.passed else 'FAIL'}", flush=True)
+        if not r.passed:
+            failed.append(r)
+    for r in failed:
+        print(f"FAIL {r.case}: {r.detail}")
+    exact = sum(1 for e in entries if e["tolerance_ulp"] == 0)
+    print(f"{len(entries) - len(failed)} of {len(entries)} cases pass on backend "
+          f"{args.backend!r} ({exact} required bit-identical)"
+          + (f"; {skipped} skipped (not replayable on cuda)" if skipped else ""))
+    return 1 if failed else 0
+
+
+_SUBCOMMANDS = [_add_demo, _add_golden, _add_check, _add_conformance]
 
 
 def build_parser():
@@ -726,7 +796,8 @@ def main(argv=None):
     Returns
     -------
     int
-        The exit status: 0 on success, 1 when ``refopt check`` finds a divergence, 2 for a usage
+        The exit status: 0 on success, 1 when ``refopt check`` finds a divergence or
+        ``refopt conformance`` a failing case, 2 for a usage
         error (bad option, missing file, unsupported backend; argparse's convention), 130 when
         interrupted.
     """

@@ -140,6 +140,9 @@ class _Host:
     def make(self, a):
         return a.copy()
 
+    def grad(self, g):
+        return g
+
     def get(self, a):
         return np.array(a)
 
@@ -157,6 +160,9 @@ class _Device:
 
     def make(self, a):
         return self.kc.to_device(a)
+
+    def grad(self, g):
+        return g if g is None or isinstance(g, IndexedSlices) else self.kc.to_device(g)
 
     def get(self, a):
         return a.copy_to_host()
@@ -185,7 +191,7 @@ def replay(entry, backend="reference"):
 
     tol = entry["tolerance_ulp"]
     version = ", ".join(f"{k} {v}" for k, v in sorted(entry["framework_version"].items())
-                        if k != "numpy")
+                        if k not in ("numpy", "python"))
     init, grads, params, slots = load_case(entry)
     io = _Device() if backend == "cuda" else _Host()
     worst, where = 0.0, "all equal"
@@ -201,7 +207,7 @@ def replay(entry, backend="reference"):
                             io.put(opt.get_slot(var, name), per_step[k - 1][i])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # None gradients warn, as in Keras
-                opt.apply_gradients(list(zip(grads[k], variables)))
+                opt.apply_gradients([(io.grad(g), v) for g, v in zip(grads[k], variables)])
             checks = [("param", i, io.get(v), params[k][i]) for i, v in enumerate(variables)]
             for name, per_step in slots.items():
                 for i, var in enumerate(variables):
