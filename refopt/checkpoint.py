@@ -221,6 +221,8 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
         "dtypes": [v.dtype.name for v in variables],
         "slots": list(names) if built else [],
         "has_variables": bool(include_variables),
+        # convention step_counter="per_variable" (torch): each variable's own step count
+        "variable_steps": list(map(int, optimizer._var_steps)) if built else [],
     }
     _write_file(path, meta, arrays)
     return meta
@@ -369,6 +371,11 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
         values = [_expect(arrays, f"variable_{i}", s, d, p)
                   for i, (s, d) in enumerate(zip(shapes, dtypes))]
 
+    steps = meta.get("variable_steps", [])
+    if not isinstance(steps, list) or not all(
+            isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= iterations
+            for k in steps):
+        raise CheckpointError(f"{p} has an invalid variable_steps={steps!r}.")
     # Every check passed: now change things (none of the calls below can fail on valid input).
     optimizer.iterations = int(iterations)
     if meta.get("learning_rate") is not None and not isinstance(
@@ -378,6 +385,8 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
         optimizer._current_learning_rate = float.fromhex(meta["learning_rate"])
     if meta["built"]:
         optimizer.build(variables)
+        if len(steps) == len(variables):
+            optimizer._var_steps = list(steps)
         for (name, i), value in slots.items():
             np.copyto(optimizer.get_slot(variables[i], name), value)
     for var, value in zip(variables, values):

@@ -196,3 +196,20 @@ def test_torch_counts_steps_per_variable():
     keras.apply_gradients([(np.ones(1, F), shared)])
     assert shared[0] != fresh[0]  # with a shared counter (t = 2) the step differs
     assert opt.iterations == 2
+
+
+@pytest.mark.filterwarnings("ignore:Gradients do not exist")
+def test_checkpoint_keeps_torch_per_variable_steps(tmp_path):
+    grads = [[np.ones(2, F), None], [np.ones(2, F), np.ones(2, F)], [np.ones(2, F)] * 2]
+    a, b = np.zeros(2, F), np.zeros(2, F)
+    opt = refopt.Adam(learning_rate=0.1, convention="torch")
+    for g in grads[:2]:
+        opt.apply_gradients(list(zip(g, [a, b])))
+    refopt.save_checkpoint(tmp_path / "ck", opt, [a, b])
+    a2, b2 = np.zeros(2, F), np.zeros(2, F)
+    opt2 = refopt.Adam(learning_rate=0.1, convention="torch")
+    refopt.load_checkpoint(tmp_path / "ck", opt2, [a2, b2])
+    for o, vs in ((opt, [a, b]), (opt2, [a2, b2])):
+        o.apply_gradients(list(zip(grads[2], vs)))
+    np.testing.assert_array_equal(b2, b)
+    np.testing.assert_array_equal(a2, a)
