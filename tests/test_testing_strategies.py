@@ -1,4 +1,5 @@
 import doctest
+import random
 import warnings
 
 import numpy as np
@@ -76,8 +77,11 @@ def test_dense_gradients_reach_nonfinite_and_extreme_values_only_on_request(dtyp
     g = find(rst.dense_gradients(shape=(4,), dtype=dtype, allow_nonfinite=True),
              lambda a: np.isnan(a).any() and np.isinf(a).any(), settings=FIND)
     assert np.isnan(g).any()
+    # A fixed PRNG: find() otherwise draws from the global random state, which other imports
+    # and tests move, and large float16 values are a narrow target.
     big = find(rst.dense_gradients(shape=(3,), dtype=dtype, extreme=True),
-               lambda a: (np.abs(a) > info.max / 4).any(), settings=FIND)
+               lambda a: (np.abs(a) > info.max / 4).any(), settings=FIND,
+               random=random.Random(0))
     assert np.isfinite(big).all()
     tiny = find(rst.dense_gradients(shape=(3,), dtype=dtype, extreme=True),
                 lambda a: ((a != 0) & (np.abs(a) < info.tiny)).any(), settings=FIND)
