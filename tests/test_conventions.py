@@ -213,3 +213,11 @@ def test_checkpoint_keeps_torch_per_variable_steps(tmp_path):
         o.apply_gradients(list(zip(grads[2], vs)))
     np.testing.assert_array_equal(b2, b)
     np.testing.assert_array_equal(a2, a)
+
+
+def test_torch_clip_grad_norm_with_max_norm_5():
+    """torch: g=[3,4], max_norm=5 still scales: [2.99999928, 3.99999905] (semantics notes 3);
+    the coefficient is (1/(N + 1e-6)) * max_norm, torch's Python-float-over-tensor."""
+    w, _ = run(refopt.SGD, [0.0, 0.0], [[3.0, 4.0]], learning_rate=1.0, global_clipnorm=5.0,
+               convention="torch")
+    np.testing.assert_array_equal(-w, np.array([2.99999928, 3.99999905], F))

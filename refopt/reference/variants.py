@@ -350,7 +350,9 @@ def clip_global_norm_variant(grads, clip_norm, convention):
         if convention.clip_formula == "torch":
             norms = [np.sqrt(_sum_squares(_values(g))) for g in present]
             total = np.sqrt(_sum_squares(np.asarray(norms, dtype)))
-            coef = scalar(dtype, clip_norm) / (total + scalar(dtype, 1e-6))
+            # max_norm / (total + 1e-6): a Python float over a tensor is the tensor's
+            # reciprocal times the float in torch
+            coef = (scalar(dtype, 1) / (total + scalar(dtype, 1e-6))) * scalar(dtype, clip_norm)
             coef = np.minimum(coef, scalar(dtype, 1.0)) if not np.isnan(coef) else coef
             return [None if g is None else _rewrap(g, _values(g) * coef) for g in grads]
         sums = [_sum_squares(_values(g)) for g in present]
