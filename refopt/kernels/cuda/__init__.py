@@ -1,7 +1,7 @@
 """The CUDA backend: numba-cuda kernels, their host launchers and the reference's functions.
 
 Importing this module imports ``numba.cuda`` (``refopt`` itself never does; the optimizers
-import it only for ``backend="cuda"``). Two layers:
+import it only for ``backend="cuda"``). Three layers:
 
 - :mod:`refopt.kernels.cuda._kernels`: the ``@cuda.jit`` kernels (elementwise in the
   reference's order; the dense updates are multi-tensor kernels driven by a segment table).
@@ -11,6 +11,16 @@ import it only for ``backend="cuda"``). Two layers:
   ``config.TENSORS_PER_LAUNCH``), ``adam_dense``/``sgd_dense`` (one tensor),
   ``lazy_adam_rows``, ``clip_dense``, ``decay_dense``, ``ema_dense``, ``sumsq``, ``copy``.
   The optimizers' ``backend="cuda"`` path (:mod:`refopt.optimizers._cuda`) calls these.
+- The mirror of :mod:`refopt.reference`, file for file (``adam.py``, ``clipping.py``, ...):
+  ``adam_update``, ``lazy_adam_update``, ``sgd_update``, ``apply_weight_decay``,
+  ``clip_by_value``, ``clip_by_norm``, ``global_norm``, ``clip_by_global_norm``,
+  ``ema_update``, with the reference's signatures, checks and result types. They take host
+  NumPy arrays, copy them to the device, run the same kernels as the optimizers and return
+  new host arrays (inputs untouched). On the simulator the elementwise results are
+  bit-identical to the reference; norms are within a few ulp (float64 tile sums). float16,
+  and the non-lazy sparse updates of ``adam_update``/``sgd_update``, have no device kernel
+  and are computed by the reference on the host.
+
 Set ``config.THREADS_PER_BLOCK`` (and ``ITEMS_PER_THREAD``, ``TENSORS_PER_LAUNCH``) before
 launching to change the launch shape. Never run on a real GPU yet.
 """
@@ -39,23 +49,48 @@ from refopt.kernels.cuda._launch import (  # noqa: F401  (the launchers, public 
     to_device,
     zeros_like,
 )
+from refopt.kernels.cuda.adam import adam_update
+from refopt.kernels.cuda.clipping import (
+    clip_by_global_norm,
+    clip_by_norm,
+    clip_by_value,
+    global_norm,
+)
+from refopt.kernels.cuda.ema import ema_update
+from refopt.kernels.cuda.lazy_adam import lazy_adam_update
+from refopt.kernels.cuda.sgd import sgd_update
+from refopt.kernels.cuda.weight_decay import apply_weight_decay
+from refopt.reference.adam import AdamResult, adam_scalars
+from refopt.reference.sgd import SGDResult
 
 __all__ = [
     "DTYPES",
+    "AdamResult",
+    "SGDResult",
     "Segments",
     "adam_dense",
     "adam_multi",
+    "adam_scalars",
+    "adam_update",
+    "apply_weight_decay",
     "as_device",
+    "clip_by_global_norm",
+    "clip_by_norm",
+    "clip_by_value",
     "clip_dense",
     "config",
     "copy",
     "decay_dense",
     "ema_dense",
+    "ema_update",
+    "global_norm",
     "is_device_array",
     "lazy_adam_rows",
+    "lazy_adam_update",
     "require_device",
     "sgd_dense",
     "sgd_multi",
+    "sgd_update",
     "simulator",
     "sumsq",
     "to_device",
