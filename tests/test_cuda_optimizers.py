@@ -16,7 +16,8 @@ the dtype in NumPy's pairwise order, so norm-based clipping is compared within a
 
 On a real GPU NVVM may contract ``a * b + c`` into FMA (its default ``-fma=1``; numba-cuda
 exposes no switch other than ``fastmath``, which is off), which can change the last bit: the
-``gpu`` test therefore allows a few ulp per step.
+``gpu`` tests therefore allow a few ulp per step. ``tests/conftest.py`` skips every ``gpu``
+test on the simulator; each also checks for a device itself.
 
 Sizes are tiny and ``config.THREADS_PER_BLOCK`` is 4, so every array spans several blocks.
 """
@@ -261,6 +262,30 @@ def test_repeated_runs_identical_bits_on_device():
     g = np.random.default_rng(9).standard_normal(1 << 20).astype(np.float32)
     G = kc.to_device(g)
     assert len({kc.sumsq(G).tobytes() for _ in range(5)}) == 1
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_full_width_launch_on_device(dtype, monkeypatch):
+    """24 tensors in one launch at 256 threads: the tuple arguments fit CUDA's 4 KiB of
+    kernel parameters and the results are within a few ulp of the reference (NVVM's FMA)."""
+    monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 256)
+    monkeypatch.setattr(kc.config, "ITEMS_PER_THREAD", 8)
+    assert kc.config.TENSORS_PER_LAUNCH == 24
+    rng = np.random.default_rng(12)
+    host = [rng.standard_normal(1 + 997 * k).astype(dtype) for k in range(24)]
+    grads = [rng.standard_normal(h.shape).astype(dtype) for h in host]
+    kw = dict(learning_rate=0.01, amsgrad=True, weight_decay=0.01, use_ema=True,
+              clipvalue=1.0)
+    ref, dev = refopt.AdamW(backend="reference", **kw), refopt.AdamW(backend="cuda", **kw)
+    dv = [kc.to_device(h) for h in host]
+    for _ in range(3):
+        ref.apply_gradients(zip(grads, host))
+        dev.apply_gradients(zip([kc.to_device(g) for g in grads], dv))
+    for h, d in zip(host, dv):
+        eps = np.finfo(dtype).eps  # values are O(1): an absolute bound covers cancellation
+        np.testing.assert_allclose(_host(d), h, rtol=64 * eps, atol=64 * eps)
 
 
 def test_checkpoints_of_cuda_optimizers_are_refused_clearly(tmp_path):
