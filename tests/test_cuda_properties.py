@@ -312,7 +312,9 @@ def test_mirror_lazy_adam_update(data, dtype, shape, ams, dense):
     copies = [None if a is None else (a.values.copy() if isinstance(a, IndexedSlices)
                                       else a.copy()) for a in args]
     got = kc.lazy_adam_update(*args, step=3, **hp)
-    assert_results_equal(got, R.lazy_adam_update(*args, step=3, **hp))
+    with np.errstate(all="ignore"):  # IndexedSlices.deduplicate sums inf and -inf
+        want = R.lazy_adam_update(*args, step=3, **hp)
+    assert_results_equal(got, want)
     unchanged(copies, [a.values if isinstance(a, IndexedSlices) else a for a in args])
 
 
