@@ -90,7 +90,7 @@ def main():
     print(f"copy kernel      : {copy_ms:8.3f} ms  {copy_gbs:8.1f} GB/s (8 B/elem, ceiling)")
     print(f"refopt dense Adam: {adam_ms:8.3f} ms  {adam_gbs:8.1f} GB/s (28 B/elem)  "
           f"ratio to copy {adam_gbs / copy_gbs:.3f}")
-    del dst
+    dst = None  # free the device memory (the closures above are not called again)
     try:
         import torch
         have_torch = torch.cuda.is_available()
@@ -116,7 +116,7 @@ def main():
         del tw, opt
     else:
         print("torch with CUDA not present: no torch comparison")
-    del p, g, m, v
+    p = g = m = v = None
     many_small(cuda, rng, args.repeats)
     rows, width, lookups = 4_000_000, 64, 16384
     table = cuda.to_device(np.zeros((rows, width), np.float32))
