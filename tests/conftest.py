@@ -36,3 +36,19 @@ if _PROFILE not in ("ci", "dev"):
         f"Received: REFOPT_HYPOTHESIS_PROFILE={_PROFILE!r}"
     )
 settings.load_profile(_PROFILE)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``gpu`` on the CUDA simulator (they need a real device).
+
+    Off the simulator (``NUMBA_ENABLE_CUDASIM=0``) each such test also carries a ``skipif``
+    that checks ``numba.cuda.is_available()``, so a machine without a GPU skips them too.
+    """
+    import pytest
+
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        return
+    skip = pytest.mark.skip(reason="needs a real NVIDIA GPU (running on the CUDA simulator)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

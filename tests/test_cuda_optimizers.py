@@ -16,7 +16,8 @@ the dtype in NumPy's pairwise order, so norm-based clipping is compared within a
 
 On a real GPU NVVM may contract ``a * b + c`` into FMA (its default ``-fma=1``; numba-cuda
 exposes no switch other than ``fastmath``, which is off), which can change the last bit: the
-``gpu`` test therefore allows a few ulp per step.
+``gpu`` tests therefore allow a few ulp per step. ``tests/conftest.py`` skips every ``gpu``
+test on the simulator; each also checks for a device itself.
 
 Sizes are tiny and ``config.THREADS_PER_BLOCK`` is 4, so every array spans several blocks.
 """
@@ -101,10 +102,10 @@ def test_clip_value_ema_decay_kernels():
     np.testing.assert_array_equal(_host(out), R.clip_by_value(g, 1.0))
     a, p = np.linspace(-1, 1, 11).astype(np.float64), np.linspace(2, 3, 11)
     A, P = kc.to_device(a), kc.to_device(p)
-    kc.ema(A, P, ema_momentum=0.9)
+    kc.ema_dense(A, P, ema_momentum=0.9)
     exact_or_ulps(_host(A), R.ema_update(a, p, ema_momentum=0.9))
     out = kc.to_device(np.zeros_like(p))
-    kc.weight_decay(out, P, learning_rate=0.1, weight_decay=0.3)
+    kc.decay_dense(out, P, learning_rate=0.1, weight_decay=0.3)
     exact_or_ulps(_host(out), R.apply_weight_decay(p, learning_rate=0.1, weight_decay=0.3))
 
 
@@ -263,6 +264,30 @@ def test_repeated_runs_identical_bits_on_device():
     assert len({kc.sumsq(G).tobytes() for _ in range(5)}) == 1
 
 
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_full_width_launch_on_device(dtype, monkeypatch):
+    """24 tensors in one launch at 256 threads: the tuple arguments fit CUDA's 4 KiB of
+    kernel parameters and the results are within a few ulp of the reference (NVVM's FMA)."""
+    monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 256)
+    monkeypatch.setattr(kc.config, "ITEMS_PER_THREAD", 8)
+    assert kc.config.TENSORS_PER_LAUNCH == 24
+    rng = np.random.default_rng(12)
+    host = [rng.standard_normal(1 + 997 * k).astype(dtype) for k in range(24)]
+    grads = [rng.standard_normal(h.shape).astype(dtype) for h in host]
+    kw = dict(learning_rate=0.01, amsgrad=True, weight_decay=0.01, use_ema=True,
+              clipvalue=1.0)
+    ref, dev = refopt.AdamW(backend="reference", **kw), refopt.AdamW(backend="cuda", **kw)
+    dv = [kc.to_device(h) for h in host]
+    for _ in range(3):
+        ref.apply_gradients(zip(grads, host))
+        dev.apply_gradients(zip([kc.to_device(g) for g in grads], dv))
+    for h, d in zip(host, dv):
+        eps = np.finfo(dtype).eps  # values are O(1): an absolute bound covers cancellation
+        np.testing.assert_allclose(_host(d), h, rtol=64 * eps, atol=64 * eps)
+
+
 def test_checkpoints_of_cuda_optimizers_are_refused_clearly(tmp_path):
     w = kc.to_device(np.ones(4, np.float32))
     opt = refopt.Adam(0.1, backend="cuda")
@@ -270,3 +295,59 @@ def test_checkpoints_of_cuda_optimizers_are_refused_clearly(tmp_path):
     with pytest.raises(NotImplementedError, match="backend='cuda'"):
         refopt.save_checkpoint(tmp_path / "c.npz", opt, [w])
     assert not (tmp_path / "c.npz").exists()
+
+
+class _CountLaunches:
+    """Wraps a kernel of ``_kernels.get(...)``: counts ``kernel[grid]`` configurations."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, config):
+        self.count += 1
+        return self.kernel[config]
+
+
+@pytest.mark.parametrize("cls,kw", [(refopt.Adam, dict(amsgrad=True, use_ema=True)),
+                                    (refopt.SGD, dict(momentum=0.9, clipvalue=0.5,
+                                                      weight_decay=0.1))])
+def test_one_launch_per_dtype_group_of_up_to_24_tensors(cls, kw, monkeypatch):
+    from refopt.kernels.cuda import _kernels
+
+    K = _kernels.get(kc.config.THREADS_PER_BLOCK, kc.config.ITEMS_PER_THREAD)
+    name = "adam_multi" if cls is refopt.Adam else "sgd_multi"
+    counter = _CountLaunches(getattr(K, name))
+    monkeypatch.setattr(K, name, counter)
+    rng = np.random.default_rng(11)
+    # 30 float32 tensors (two launches: 24 + 6), 3 float64 (one), one empty (none).
+    host = ([rng.standard_normal(1 + k % 5).astype(np.float32) for k in range(30)]
+            + [rng.standard_normal((2, 3)) for _ in range(3)] + [np.zeros((0, 2), np.float32)])
+    grads = [rng.standard_normal(h.shape).astype(h.dtype) for h in host]
+    ref = cls(learning_rate=0.1, backend="reference", **kw)
+    dev = cls(learning_rate=0.1, backend="cuda", **kw)
+    dv = [kc.to_device(h) for h in host]
+    for step in range(2):
+        ref.apply_gradients(zip(grads, host))
+        dev.apply_gradients(zip([kc.to_device(g) for g in grads], dv))
+        assert counter.count == 3 * (step + 1)
+    for h, d in zip(host, dv):
+        exact_or_ulps(_host(d), h)
+        for name in dev.slot_names:
+            exact_or_ulps(_host(dev.get_slot(d, name)), ref.get_slot(h, name))
+
+
+def test_slots_are_views_of_one_flat_buffer_per_dtype():
+    ws = [kc.to_device(np.ones(3, np.float32)), kc.to_device(np.ones((2, 2))),
+          kc.to_device(np.ones(4, np.float32))]
+    opt = refopt.Adam(0.1, backend="cuda", use_ema=True)
+    opt.build(ws)
+    state = opt._cuda
+    assert set(state.buffers) == {np.dtype(np.float32), np.dtype(np.float64)}
+    assert state.buffers[np.dtype(np.float32)]["m"].size == 7
+    assert state.offsets == [0, 0, 3]
+    opt.apply_gradients([(kc.to_device(np.full(3, 0.5, np.float32)), ws[0]),
+                         (kc.to_device(np.full(4, 2.0, np.float32)), ws[2])])
+    flat_m = _host(state.buffers[np.dtype(np.float32)]["m"])
+    np.testing.assert_array_equal(flat_m[:3], _host(opt.get_slot(ws[0], "m")))
+    np.testing.assert_array_equal(flat_m[3:], _host(opt.get_slot(ws[2], "m")))
+    np.testing.assert_array_equal(_host(opt.get_slot(ws[1], "m")), np.zeros((2, 2)))

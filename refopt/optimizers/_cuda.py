@@ -1,19 +1,43 @@
-"""The step of ``backend="cuda"``: validation first, then one fused launch per tensor.
+"""The step of ``backend="cuda"``: validation first, then one fused launch per dtype group.
 
 Variables, gradients and state live on the GPU. A variable is the caller's object (a numba
 device array, or anything with ``__cuda_array_interface__``: CuPy, PyTorch CUDA tensors),
-identified by object identity and updated in place through a numba view of its memory; slots
-and EMA averages are numba device arrays. Dense gradients are device arrays of the variable's
-shape and dtype; ``LazyAdam`` also takes :class:`~refopt.IndexedSlices` gradients (host
-``values`` and ``indices``, copied over each step).
+identified by object identity and updated in place through a numba view of its memory. Dense
+gradients are device arrays of the variable's shape and dtype; ``LazyAdam`` also takes
+:class:`~refopt.IndexedSlices` gradients (host ``values`` and ``indices``, copied over each
+step).
 
-Everything that can raise is checked (and every scalar, norm and clip divisor computed) before
-the first launch, so a raising ``apply_gradients`` changes nothing. Then each variable gets
-one launch of the fused kernel (clip, weight decay, update, EMA in one pass). This version
-launches once per tensor (no multi-tensor segment table yet).
+Design: one launch per dtype group (multi-tensor apply)
+--------------------------------------------------------
+- **Flat state.** At build time each slot (``m``, ``v``, ``vhat``, the EMA ``average``) gets
+  *one* flat device buffer per dtype holding every variable's slot back to back;
+  ``get_slot`` and ``variables`` hand out reshaped views of it.
+- **Segment table.** The variables and gradients stay the caller's separate allocations.
+  They reach the kernel as two tuples of device arrays (numba passes each array's descriptor
+  as kernel parameters; the simulator passes the objects), indexed at run time by the tensor
+  number found in a small device table of ``(slot offset, size, first chunk, decay flag)``
+  rows, built once per set of present variables and cached. Each block takes fixed chunks of
+  ``THREADS_PER_BLOCK * ITEMS_PER_THREAD`` elements of all tensors together, so every dense
+  variable of a dtype is clipped, decayed, updated and averaged by **one launch**
+  (``_kernels.adam_multi`` / ``sgd_multi``), for up to ``config.TENSORS_PER_LAUNCH`` (24)
+  tensors per dtype.
+- **Cost.** CUDA's 4 KiB kernel parameter space holds about 24 pairs of array descriptors,
+  so a group of ``n > 24`` tensors takes ``ceil(n / 24)`` launches (500 small tensors: 21
+  launches instead of 500). No data is copied: raw device pointers would lift the limit but
+  numba cannot dereference them portably and the simulator not at all. Per step and group
+  the host also copies one small array of per-tensor clip factors to the device (the
+  ``clipnorm`` divisors or the global scale; a cached array of ones otherwise), and with
+  ``clipnorm``/``global_clipnorm`` computes each tensor's norm first (one reduction launch
+  and a device-to-host copy per tensor). Each distinct set of present variables builds its
+  table once (a few host-to-device copies).
+- **Lazy rows.** ``IndexedSlices`` gradients of ``LazyAdam`` stay one launch per sparse
+  tensor (``_kernels.lazy_adam_rows``, then the EMA if any), on views of the same flat slots.
+
+Everything that can raise is checked (and every scalar, norm, clip factor and table
+computed) before the first launch, so a raising ``apply_gradients`` changes nothing.
 
 Not supported on this backend (clear errors): float16 variables, non-lazy sparse gradients
-(``Adam``/``SGD`` with an IndexedSlices), checkpoints.
+(``Adam``/``SGD`` with an IndexedSlices), checkpoints. Never run on a real GPU yet.
 """
 
 from __future__ import annotations
@@ -49,18 +73,71 @@ def view(var, where):
 
 
 class CudaState:
-    """Device views of the variables, zeroed device slots, EMA averages (device copies)."""
+    """Device views of the variables and the flat device slots and EMA averages.
+
+    Parameters
+    ----------
+    var_list : list of device arrays
+        The variables (validated by :func:`view`).
+    slot_names : tuple of str
+    use_ema : bool
+        Also keep an ``average`` buffer, initialised with device copies of the variables.
+
+    Attributes
+    ----------
+    views : list of numba device array
+        The variables' numba views.
+    buffers : dict of numpy.dtype -> dict of str -> numba device array (1-d)
+        One flat buffer per dtype and slot (and ``"average"``).
+    offsets : list of int
+        Where each variable's slots start in its dtype's buffers.
+    slots : dict of str -> list of numba device array
+        Per slot, one view per variable (its shape) into the flat buffer.
+    averages : list of numba device array
+        Views of the ``average`` buffers (empty without EMA).
+    """
+
+    #: Segment tables kept per (dtype, present variables, decay flags); cleared past this
+    #: many (a training loop has one or a few sets of present variables).
+    MAX_TABLES = 64
 
     def __init__(self, var_list, slot_names, use_ema):
         kc = _kc()
         self.views = [view(v, f"var_list[{i}]") for i, v in enumerate(var_list)]
-        self.slots = {name: [kc.zeros_like(d) for d in self.views] for name in slot_names}
-        self.averages = []
-        if use_ema:
-            for d in self.views:
-                a = kc.cuda.device_array(d.shape, d.dtype)
-                kc.copy(a, d)
-                self.averages.append(a)
+        self.dtypes = [np.dtype(d.dtype) for d in self.views]
+        self.offsets = []
+        totals = {}
+        for d, dt in zip(self.views, self.dtypes):
+            self.offsets.append(totals.get(dt, 0))
+            totals[dt] = self.offsets[-1] + d.size
+        names = tuple(slot_names) + (("average",) if use_ema else ())
+        self.buffers = {dt: {name: kc.to_device(np.zeros(max(n, 1), dt)) for name in names}
+                        for dt, n in totals.items()}
+        per = {name: [self._view(i, name) for i in range(len(self.views))] for name in names}
+        self.slots = {name: per[name] for name in slot_names}
+        self.averages = per.get("average", [])
+        for a, d in zip(self.averages, self.views):
+            kc.copy(a, d)
+        self._tables = {}
+
+    def _view(self, i, name):
+        d = self.views[i]
+        if d.size == 0:
+            return _kc().zeros_like(d)
+        off = self.offsets[i]
+        return self.buffers[self.dtypes[i]][name][off:off + d.size].reshape(d.shape)
+
+    def segments(self, dtype, positions, decay):
+        """The cached :class:`refopt.kernels.cuda.Segments` of these variables."""
+        key = (dtype, tuple(positions), tuple(decay))
+        seg = self._tables.get(key)
+        if seg is None:
+            if len(self._tables) >= self.MAX_TABLES:
+                self._tables.clear()
+            seg = _kc().Segments([self.views[i].size for i in positions],
+                                 [self.offsets[i] for i in positions], decay)
+            self._tables[key] = seg
+        return seg
 
 
 def _check_pairs(opt, grads_and_vars):
@@ -212,33 +289,49 @@ def _prepare(opt, present, lr_value, kc, rclip):
     ema = opt.use_ema
     overwrite = bool(ema and opt.ema_overwrite_frequency
                      and step % opt.ema_overwrite_frequency == 0)
+    ema_kw = dict(ema_momentum=opt.ema_momentum if ema else None, overwrite=overwrite)
     kind, flag, hyper = opt._cuda_update()
     calls = []
+    groups = {}  # dtype -> [(position, device view, gradient, clip tuple)], in input order
     for k, (i, g) in enumerate(zip(positions, grads)):
-        d = state.views[i]
-        wd = opt.weight_decay if (opt.weight_decay is not None
-                                  and id(opt._vars[i]) not in opt._exclude_ids) else None
-        avg = state.averages[i] if ema else None
-        m = state.slots["m"][i]
+        d = present[k][2]
+        decays = (opt.weight_decay is not None and id(opt._vars[i]) not in opt._exclude_ids)
+        wd = opt.weight_decay if decays else None
         if isinstance(g, IndexedSlices):
             vals = kc.to_device(np.ascontiguousarray(g.values).reshape(g.values.shape[0], -1)
                                 if g.values.shape[0] else np.zeros((0, 1), g.dtype))
             vh = state.slots["vhat"][i] if flag else None
-            calls.append((kc.lazy_adam_rows, (d, m, state.slots["v"][i], vh, vals, g.indices),
+            calls.append((kc.lazy_adam_rows,
+                          (d, state.slots["m"][i], state.slots["v"][i], vh, vals, g.indices),
                           dict(learning_rate=lr_value, step=step, weight_decay=wd, **hyper)))
             if ema:
-                calls.append((kc.ema, (avg, d),
-                              dict(ema_momentum=opt.ema_momentum, overwrite=overwrite)))
+                calls.append((kc.ema_dense, (state.averages[i], d), ema_kw))
             continue
-        common = dict(learning_rate=lr_value, weight_decay=wd, clip=dense_clip[k],
-                      average=avg, ema_momentum=opt.ema_momentum if ema else None,
-                      overwrite=overwrite)
+        groups.setdefault(np.dtype(d.dtype), []).append((i, d, g, dense_clip[k], decays))
+    for dt, members in groups.items():
+        pos = [i for i, _, _, _, _ in members]
+        seg = state.segments(dt, pos, [dec for _, _, _, _, dec in members])
+        mode = members[0][3][0]
+        clip = (mode, members[0][3][1] if mode in (1, 2) else None)
+        if mode == 2:
+            scales = seg.scales(dt, [c[2] for _, _, _, c, _ in members])
+        elif mode == 3:
+            scales = seg.scales(dt, [c[3] for _, _, _, c, _ in members])
+        else:
+            scales = seg.ones(dt)
+        buf = state.buffers[dt]
+        common = dict(segments=seg, scales=scales, learning_rate=lr_value,
+                      weight_decay=opt.weight_decay, clip=clip,
+                      average=buf["average"] if ema else None, **ema_kw)
+        ps = [d for _, d, _, _, _ in members]
+        gs = [g for _, _, g, _, _ in members]
         if kind == "adam":
-            vh = state.slots["vhat"][i] if flag else None
-            calls.append((kc.adam_dense, (d, g, m, state.slots["v"][i], vh),
+            calls.append((kc.adam_multi, (ps, gs, buf["m"], buf["v"],
+                                          buf["vhat"] if flag else None),
                           dict(step=step, **hyper, **common)))
         else:
-            calls.append((kc.sgd_dense, (d, g, m), dict(nesterov=flag, **hyper, **common)))
+            calls.append((kc.sgd_multi, (ps, gs, buf["m"]),
+                          dict(nesterov=flag, **hyper, **common)))
     return calls
 
 

@@ -2,7 +2,9 @@
 
 Every elementwise kernel is a grid-stride loop in which each element is computed by one
 thread with the reference's operations in the reference's order, in the variable's dtype (the
-scalars arrive already rounded to it). No ``fastmath``. Only the norm reduction combines
+scalars arrive already rounded to it). The dense updates (``adam_multi``, ``sgd_multi``) are
+multi-tensor kernels: one launch updates up to ``config.TENSORS_PER_LAUNCH`` tensors, described
+by a segment table (see :class:`refopt.kernels.cuda._launch.Segments`). No ``fastmath``. Only the norm reduction combines
 values, in a fixed order: each block sums one fixed tile (thread ``t`` adds elements
 ``t, t + TPB, ...`` of the tile, then a fixed tree in shared memory), the host adds the block
 sums with ``math.fsum``. Repeated runs give the same bits.
@@ -17,6 +19,11 @@ import math
 from numba import cuda, float64
 
 _BUILT = {}
+
+#: Columns of the int64 segment table of the multi-tensor kernels, one row per tensor: its
+#: offset in the flat slot buffers, its element count, its first chunk, whether it decays.
+SEG_OFFSET, SEG_SIZE, SEG_CHUNK, SEG_DECAY = 0, 1, 2, 3
+SEG_COLUMNS = 4
 
 
 def get(tpb, items):
@@ -61,59 +68,102 @@ def _build(tpb, items):
         pi = pi - (mi * alpha) / (math.sqrt(den) + eps)
         return pi, mi, vi, hi
 
-    @cuda.jit
-    def adam_dense(p, g, m, v, vh, avg, mode, cv, cden, gscale, decay, wd, lr, alpha, c1, c2,
-                   eps, ams, ema, mu, omu, overwrite):
-        i = cuda.grid(1)
-        stride = cuda.gridsize(1)
-        n = p.shape[0]
-        while i < n:
-            gi = clip_one(g[i], mode, cv, cden, gscale)
-            hi = m[i]
-            if ams:
-                hi = vh[i]
-            pi, mi, vi, hi = adam_one(p[i], gi, m[i], v[i], hi, ams, decay, wd, lr, alpha, c1,
-                                      c2, eps)
-            m[i] = mi
-            v[i] = vi
-            if ams:
-                vh[i] = hi
-            if ema:
-                a = mu * avg[i] + omu * pi
-                avg[i] = a
-                if overwrite:
-                    pi = a
-            p[i] = pi
-            i += stride
+    chunk = tpb * items
 
-    K.adam_dense = adam_dense
-
-    @cuda.jit
-    def sgd_dense(p, g, m, avg, mode, cv, cden, gscale, decay, wd, lr, mom, nesterov, ema, mu,
-                  omu, overwrite):
-        i = cuda.grid(1)
-        stride = cuda.gridsize(1)
-        n = p.shape[0]
-        while i < n:
-            gi = clip_one(g[i], mode, cv, cden, gscale)
-            pi = p[i]
-            if decay:
-                pi = pi - pi * wd * lr
-            mi = (-gi) * lr + m[i] * mom
-            m[i] = mi
-            if nesterov:
-                pi = pi + ((-gi) * lr + mi * mom)
+    @cuda.jit(device=True)
+    def find_segment(seg, c):
+        # The last segment whose first chunk is <= c (segments are non-empty, in order).
+        lo = 0
+        hi = seg.shape[0] - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if seg[mid, SEG_CHUNK] <= c:
+                lo = mid
             else:
-                pi = pi + mi
-            if ema:
-                a = mu * avg[i] + omu * pi
-                avg[i] = a
-                if overwrite:
-                    pi = a
-            p[i] = pi
-            i += stride
+                hi = mid - 1
+        return lo
 
-    K.sgd_dense = sgd_dense
+    K.find_segment = find_segment
+
+    @cuda.jit
+    def adam_multi(ps, gs, seg, scale, nchunks, m, v, vh, avg, mode, cv, wd, lr, alpha, c1,
+                   c2, eps, ams, ema, mu, omu, overwrite):
+        # Block b handles chunks b, b + gridDim, ... of all segments together; thread t the
+        # elements t, t + tpb, ... of a chunk (coalesced). ps[s], gs[s] are tensor s's
+        # variable and gradient (a tuple indexed at run time); its slots are
+        # m[off:off + n], ... of the flat buffers.
+        t = cuda.threadIdx.x
+        c = cuda.blockIdx.x
+        while c < nchunks:
+            s = find_segment(seg, c)
+            p = ps[s]
+            g = gs[s]
+            off = seg[s, SEG_OFFSET]
+            n = seg[s, SEG_SIZE]
+            decay = seg[s, SEG_DECAY] != 0
+            sc = scale[s]
+            base = (c - seg[s, SEG_CHUNK]) * chunk
+            for k in range(items):
+                i = base + k * tpb + t
+                if i < n:
+                    j = off + i
+                    gi = clip_one(g[i], mode, cv, sc, sc)
+                    hi = m[j]
+                    if ams:
+                        hi = vh[j]
+                    pi, mi, vi, hi = adam_one(p[i], gi, m[j], v[j], hi, ams, decay, wd, lr,
+                                              alpha, c1, c2, eps)
+                    m[j] = mi
+                    v[j] = vi
+                    if ams:
+                        vh[j] = hi
+                    if ema:
+                        a = mu * avg[j] + omu * pi
+                        avg[j] = a
+                        if overwrite:
+                            pi = a
+                    p[i] = pi
+            c += cuda.gridDim.x
+
+    K.adam_multi = adam_multi
+
+    @cuda.jit
+    def sgd_multi(ps, gs, seg, scale, nchunks, m, avg, mode, cv, wd, lr, mom, nesterov, ema,
+                  mu, omu, overwrite):
+        t = cuda.threadIdx.x
+        c = cuda.blockIdx.x
+        while c < nchunks:
+            s = find_segment(seg, c)
+            p = ps[s]
+            g = gs[s]
+            off = seg[s, SEG_OFFSET]
+            n = seg[s, SEG_SIZE]
+            decay = seg[s, SEG_DECAY] != 0
+            sc = scale[s]
+            base = (c - seg[s, SEG_CHUNK]) * chunk
+            for k in range(items):
+                i = base + k * tpb + t
+                if i < n:
+                    j = off + i
+                    gi = clip_one(g[i], mode, cv, sc, sc)
+                    pi = p[i]
+                    if decay:
+                        pi = pi - pi * wd * lr
+                    mi = (-gi) * lr + m[j] * mom
+                    m[j] = mi
+                    if nesterov:
+                        pi = pi + ((-gi) * lr + mi * mom)
+                    else:
+                        pi = pi + mi
+                    if ema:
+                        a = mu * avg[j] + omu * pi
+                        avg[j] = a
+                        if overwrite:
+                            pi = a
+                    p[i] = pi
+            c += cuda.gridDim.x
+
+    K.sgd_multi = sgd_multi
 
     @cuda.jit
     def lazy_adam_rows(P, M, V, VH, vals, order, starts, urows, zero, ams, decay, wd, lr,

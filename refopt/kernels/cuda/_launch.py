@@ -1,0 +1,583 @@
+"""Host launchers of the CUDA kernels: in place on device arrays, one place for launch shapes.
+
+Every scalar is computed on the host by the reference's helpers
+(:func:`refopt.reference.adam_scalars`, ``lr_cast``, ``tf_cast``, ``scalar``) and passed rounded
+to the array dtype; the kernels (:mod:`refopt.kernels.cuda._kernels`) do the reference's
+elementwise operations in the same order. float32 and float64 only.
+
+Multi-tensor launches (:func:`adam_multi`, :func:`sgd_multi`): the variables and gradients are
+the caller's separate device arrays, passed to the kernel as tuples of arrays (numba flattens
+each array argument into its descriptor, 56 bytes for a 1-d array); the slots are one flat
+buffer per slot; a :class:`Segments` table says where each tensor's slots start, how many
+elements it has, its first chunk and whether it decays. CUDA's kernel parameter space is
+4 KiB, so one launch takes at most ``config.TENSORS_PER_LAUNCH`` (24) tensors: a dtype group of
+up to 24 dense tensors is one launch, a larger one ``ceil(n / 24)`` launches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+try:
+    from numba import cuda
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "backend='cuda' needs the numba-cuda package: pip install 'refopt[cuda]' "
+        f"(import failed: {exc})"
+    ) from exc
+
+from refopt.kernels.cuda import _kernels, config
+from refopt.reference._common import lr_cast, scalar, tf_cast
+from refopt.reference.adam import adam_scalars
+
+__all__ = [
+    "DTYPES", "Segments", "adam_dense", "adam_multi", "as_device", "clip_dense", "copy",
+    "decay_dense", "ema_dense", "is_device_array", "lazy_adam_rows", "require_device",
+    "sgd_dense", "sgd_multi", "simulator", "sumsq", "to_device",
+]
+
+#: The dtypes the CUDA kernels compute in.
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+#: Whether numba runs CUDA code in its simulator (``NUMBA_ENABLE_CUDASIM=1``).
+simulator = hasattr(cuda, "FakeCUDAKernel")
+
+to_device = cuda.to_device
+
+
+def require_device():
+    """Raise one clear ``RuntimeError`` unless a CUDA GPU or the simulator is usable."""
+    ok = False
+    try:
+        ok = bool(cuda.is_available())
+    except Exception:  # pragma: no cover - driver trouble reads as "no device"
+        ok = False
+    if not ok:
+        raise RuntimeError(
+            "backend='cuda' needs an NVIDIA GPU with a working driver (numba.cuda."
+            "is_available() is False), or numba's CUDA simulator (set NUMBA_ENABLE_CUDASIM=1 "
+            "before numba is imported; slow, for tests). Use backend='cpu' or 'reference'."
+        )
+
+
+def _kset():
+    tpb = int(config.THREADS_PER_BLOCK)
+    if tpb < 1 or tpb & (tpb - 1):
+        raise ValueError(
+            f"config.THREADS_PER_BLOCK must be a power of two. Received: {tpb}")
+    return _kernels.get(tpb, int(config.ITEMS_PER_THREAD)), tpb
+
+
+def is_device_array(a):
+    """Whether ``a`` is a numba device array (or the simulator's).
+
+    Parameters
+    ----------
+    a : object
+
+    Returns
+    -------
+    bool
+    """
+    if simulator:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return isinstance(a, FakeCUDAArray)
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return isinstance(a, DeviceNDArray)
+
+
+def as_device(name, a):
+    """A numba device array viewing ``a`` (no copy), or a ``TypeError`` naming ``name``.
+
+    Accepts numba device arrays and objects with ``__cuda_array_interface__`` (CuPy arrays,
+    PyTorch CUDA tensors). A host ``numpy.ndarray`` is refused with the helper to move it.
+
+    Parameters
+    ----------
+    name : str
+        How to name ``a`` in an error message.
+    a : device array or object with ``__cuda_array_interface__``
+
+    Returns
+    -------
+    numba device array
+        A view of the same device memory.
+
+    Raises
+    ------
+    TypeError
+        For a host ndarray (naming ``to_device``) or any other object.
+    """
+    if isinstance(a, np.ndarray):
+        raise TypeError(
+            f"{name} is a host numpy.ndarray, but backend='cuda' keeps variables and "
+            "gradients on the GPU. Move it with refopt.kernels.cuda.to_device(a) (that is "
+            "numba.cuda.to_device), or pass a CuPy array / PyTorch CUDA tensor, and keep "
+            "that device array as the variable."
+        )
+    if is_device_array(a):
+        return a
+    if hasattr(a, "__cuda_array_interface__") and hasattr(cuda, "as_cuda_array"):
+        return cuda.as_cuda_array(a)
+    raise TypeError(
+        f"{name} must be a device array (numba device array, or an object with "
+        f"__cuda_array_interface__ such as a CuPy array or a PyTorch CUDA tensor). "
+        f"Received: {type(a).__name__}"
+    )
+
+
+def _grid(n, tpb):
+    return max(1, min(config.MAX_BLOCKS, -(-n // tpb))), tpb
+
+
+def _flat(a):
+    return a.reshape(a.size)
+
+
+def zeros_like(a):
+    """A zeroed device array of ``a``'s shape and dtype."""
+    return cuda.to_device(np.zeros(a.shape, a.dtype))
+
+
+def copy(dst, src):
+    """``dst[...] = src`` on the device (same shape and dtype, C-contiguous).
+
+    Parameters
+    ----------
+    dst, src : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    """
+    if dst.size == 0:
+        return
+    K, tpb = _kset()
+    K.copy_k[_grid(dst.size, tpb)](_flat(dst), _flat(src))
+
+
+def clip_args(dtype, mode, clip=None, cden=None, gscale=None):
+    """The clip arguments of the fused kernels, rounded to ``dtype``.
+
+    ``mode`` 0: none; 1: by value ``clip``; 2: by norm ``clip`` with divisor ``cden``
+    (``maximum(norm, c)``); 3: global norm, multiply by ``gscale``.
+    """
+    t = dtype.type
+    cv = scalar(dtype, clip) if mode in (1, 2) else t(0)
+    return (mode, cv, t(1) if cden is None else t(cden), t(1) if gscale is None else t(gscale))
+
+
+def sumsq(g, half=False):
+    """``sum(g * g [* 0.5])`` of a device array, deterministic: fixed tiles, float64 sums.
+
+    Each square is rounded to ``g``'s dtype (as the reference computes it), the tile sums are
+    accumulated in float64 on the device in a fixed order and added on the host with
+    ``math.fsum``; the result is rounded once to ``g``'s dtype. It agrees with NumPy's
+    pairwise sum in the dtype to within its rounding error (a few ulp in float32).
+
+    Parameters
+    ----------
+    g : numba device array of float32 or float64, C-contiguous, any shape
+    half : bool
+        Multiply each square by 0.5 (TensorFlow's ``l2_loss``).
+
+    Returns
+    -------
+    numpy scalar of ``g``'s dtype
+    """
+    dtype = np.dtype(g.dtype)
+    if g.size == 0:
+        return dtype.type(0)
+    K, tpb = _kset()
+    tile = tpb * int(config.ITEMS_PER_THREAD)
+    blocks = -(-g.size // tile)
+    partial = cuda.device_array(blocks, np.float64)
+    K.sumsq_blocks[blocks, tpb](_flat(g), partial, np.float64(0), bool(half),
+                                scalar(dtype, 0.5))
+    with np.errstate(all="ignore"):
+        return dtype.type(math.fsum(partial.copy_to_host().tolist()))
+
+
+def clip_dense(out, g, mode, clip=None, cden=None, gscale=None):
+    """``out = clip(g)`` (mode as :func:`clip_args`), elementwise as the reference.
+
+    Parameters
+    ----------
+    out, g : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    mode : int
+        0 none, 1 by value, 2 by norm, 3 global scale (see :func:`clip_args`).
+    clip, cden, gscale : float or None
+        The threshold, the norm divisor ``maximum(norm, clip)``, the global scale.
+    """
+    if g.size == 0:
+        return
+    K, tpb = _kset()
+    K.clip_k[_grid(g.size, tpb)](_flat(out), _flat(g),
+                                 *clip_args(np.dtype(g.dtype), mode, clip, cden, gscale))
+
+
+def decay_dense(out, p, *, learning_rate, weight_decay):
+    """``out = p - p * wd * lr`` (:func:`refopt.reference.apply_weight_decay`).
+
+    Parameters
+    ----------
+    out, p : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    learning_rate, weight_decay : float
+        Rounded as the reference rounds them (``lr`` through float32, ``wd`` as ``tf.cast``).
+    """
+    if p.size == 0:
+        return
+    dt = np.dtype(p.dtype)
+    K, tpb = _kset()
+    K.decay_k[_grid(p.size, tpb)](_flat(out), _flat(p), tf_cast(dt, weight_decay),
+                                  lr_cast(dt, learning_rate))
+
+
+def ema_dense(average, p, *, ema_momentum, overwrite=False):
+    """``average = mu * average + (1 - mu) * p`` in place; then ``p = average`` if asked.
+
+    Parameters
+    ----------
+    average, p : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    ema_momentum : float
+        ``mu`` in [0, 1].
+    overwrite : bool
+        Then write the new average into ``p``.
+    """
+    if p.size == 0:
+        return
+    dt = np.dtype(p.dtype)
+    K, tpb = _kset()
+    K.ema_k[_grid(p.size, tpb)](_flat(average), _flat(p), scalar(dt, ema_momentum),
+                                scalar(dt, 1 - ema_momentum), bool(overwrite))
+
+
+def _ema_args(dt, ema_momentum, overwrite):
+    if ema_momentum is None:
+        return False, dt.type(0), dt.type(0), False
+    return True, scalar(dt, ema_momentum), scalar(dt, 1 - ema_momentum), bool(overwrite)
+
+
+def _decay_args(dt, weight_decay, learning_rate):
+    if weight_decay is None:
+        return False, dt.type(0), lr_cast(dt, learning_rate)
+    return True, tf_cast(dt, weight_decay), lr_cast(dt, learning_rate)
+
+
+class Segments:
+    """The segment tables of a group of same-dtype tensors for the multi-tensor kernels.
+
+    Built once per group (the optimizers cache it per set of variables present in a step)
+    and reused every step: the tables live on the device.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Element count of each tensor. Empty tensors are left out of the launches.
+    offsets : sequence of int
+        Where each tensor's slots start in the flat slot buffers.
+    decay : sequence of bool
+        Whether each tensor gets the decoupled weight decay.
+
+    Attributes
+    ----------
+    launches : list of (members, table, nchunks)
+        One entry per launch: the tensors' positions in ``sizes`` (at most
+        ``config.TENSORS_PER_LAUNCH``), the device int64 table ``(len(members), 4)`` (columns
+        ``_kernels.SEG_*``: slot offset, size, first chunk, decay flag) and the number of
+        chunks of ``THREADS_PER_BLOCK * ITEMS_PER_THREAD`` elements the launch covers.
+
+    Raises
+    ------
+    ValueError
+        If the three sequences differ in length, or ``config.TENSORS_PER_LAUNCH`` < 1.
+    """
+
+    def __init__(self, sizes, offsets, decay):
+        if not len(sizes) == len(offsets) == len(decay):
+            raise ValueError(
+                f"sizes, offsets and decay must have one entry per tensor. Received lengths "
+                f"{len(sizes)}, {len(offsets)}, {len(decay)}")
+        width = int(config.TENSORS_PER_LAUNCH)
+        if width < 1:
+            raise ValueError(f"config.TENSORS_PER_LAUNCH must be >= 1. Received: {width}")
+        self.kernels, self.tpb = _kset()
+        self.chunk = self.tpb * int(config.ITEMS_PER_THREAD)
+        self.width = width
+        self.count = len(sizes)
+        self._ones = {}
+        keep = [k for k in range(len(sizes)) if int(sizes[k]) > 0]
+        self.launches = []
+        for lo in range(0, len(keep), width):
+            members = keep[lo:lo + width]
+            table = np.zeros((len(members), _kernels.SEG_COLUMNS), np.int64)
+            first = 0
+            for r, k in enumerate(members):
+                table[r, _kernels.SEG_OFFSET] = int(offsets[k])
+                table[r, _kernels.SEG_SIZE] = int(sizes[k])
+                table[r, _kernels.SEG_CHUNK] = first
+                table[r, _kernels.SEG_DECAY] = bool(decay[k])
+                first += -(-int(sizes[k]) // self.chunk)
+            self.launches.append((members, cuda.to_device(table), first))
+
+    def scales(self, dtype, values=None):
+        """The per-tensor clip factors on the device, one array per launch.
+
+        Parameters
+        ----------
+        dtype : numpy dtype (float32 or float64)
+        values : array_like of float, shape ``(len(sizes),)``, or None
+            Per tensor: the norm divisor ``maximum(norm, clip)`` (clip mode 2) or the global
+            scale (mode 3), rounded to ``dtype``. None: ones.
+
+        Returns
+        -------
+        list of numba device array of ``dtype``
+        """
+        dtype = np.dtype(dtype)
+        with np.errstate(all="ignore"):
+            values = (np.ones(self.count, dtype) if values is None
+                      else np.asarray(values).astype(dtype))
+        return [cuda.to_device(np.ascontiguousarray(values[members]))
+                for members, _, _ in self.launches]
+
+    def ones(self, dtype):
+        """:meth:`scales` of ones (no per-tensor clip factor), cached per dtype."""
+        dtype = np.dtype(dtype)
+        if dtype not in self._ones:
+            self._ones[dtype] = self.scales(dtype)
+        return self._ones[dtype]
+
+    def tuples(self, arrays, members):
+        """``arrays[k]`` (flattened) for the members, padded to ``width`` with the first."""
+        flat = [_flat(arrays[k]) for k in members]
+        return tuple(flat + [flat[0]] * (self.width - len(flat)))
+
+    def grid(self, nchunks):
+        return max(1, min(config.MAX_BLOCKS, nchunks)), self.tpb
+
+
+def _multi_common(dt, segments, scales, clip, weight_decay, learning_rate, average,
+                  ema_momentum, overwrite):
+    mode, cv, _, _ = clip_args(dt, *clip)
+    if scales is None:
+        scales = segments.ones(dt)
+    wd = dt.type(0) if weight_decay is None else tf_cast(dt, weight_decay)
+    use_ema, mu, omu, ow = _ema_args(dt, ema_momentum if average is not None else None,
+                                     overwrite)
+    return mode, cv, scales, wd, lr_cast(dt, learning_rate), (use_ema, mu, omu, ow)
+
+
+def adam_multi(params, grads, m, v, vhat=None, *, segments, scales=None, learning_rate,
+               beta_1, beta_2, epsilon, step, weight_decay=None, clip=(0,), average=None,
+               ema_momentum=None, overwrite=False):
+    """One fused Adam/AMSGrad/AdamW step on a group of tensors, in place, one launch per group.
+
+    In the order of the optimizer step, per element: clip the gradient, weight decay (the
+    tensors flagged in ``segments``), the update of :func:`refopt.reference.adam_update`, and
+    with ``average`` the EMA (then ``p = average`` if ``overwrite``).
+
+    Parameters
+    ----------
+    params, grads : sequence of numba device array of float32 or float64, C-contiguous
+        Variables (updated in place) and their gradients, ``grads[k]`` of ``params[k]``'s
+        shape; all of one dtype.
+    m, v : numba device array, 1-d, of that dtype
+        Flat moment buffers; tensor ``k``'s slots are ``[offset_k, offset_k + size_k)``.
+    vhat : 1-d device array like ``m``, or None
+        Flat AMSGrad maxima (None: plain Adam).
+    segments : Segments
+        Built from the tensors' sizes, slot offsets and decay flags.
+    scales : list of device arrays, or None
+        :meth:`Segments.scales` of the per-tensor clip factors (None: ones).
+    learning_rate, beta_1, beta_2, epsilon : float
+    step : int
+        1-based global step.
+    weight_decay : float or None
+        The decay of the flagged tensors, as :func:`refopt.reference.apply_weight_decay`.
+    clip : tuple
+        ``(mode, threshold)``: mode 0 none, 1 by value (``threshold``), 2 by norm
+        (``threshold`` and the per-tensor divisor in ``scales``), 3 global (the scale in
+        ``scales``).
+    average : 1-d device array like ``m``, or None
+        Flat EMA averages, updated in place when given.
+    ema_momentum : float or None
+    overwrite : bool
+
+    Raises
+    ------
+    ValueError
+        From :func:`refopt.reference.adam_scalars` for invalid hyperparameters or ``step``
+        (before any launch).
+    """
+    dt = np.dtype(m.dtype)
+    s = adam_scalars(dt, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                     epsilon=epsilon, step=step)
+    mode, cv, scales, wd, lr, (use_ema, mu, omu, ow) = _multi_common(
+        dt, segments, scales, clip, weight_decay, learning_rate, average, ema_momentum,
+        overwrite)
+    ams = vhat is not None
+    for (members, table, nchunks), sc in zip(segments.launches, scales):
+        segments.kernels.adam_multi[segments.grid(nchunks)](
+            segments.tuples(params, members), segments.tuples(grads, members), table, sc,
+            nchunks, m, v, vhat if ams else m, average if use_ema else m, mode, cv, wd, lr,
+            s.alpha, s.one_minus_beta_1, s.one_minus_beta_2, s.epsilon, ams, use_ema, mu,
+            omu, ow)
+
+
+def sgd_multi(params, grads, m, *, segments, scales=None, learning_rate, momentum,
+              nesterov=False, weight_decay=None, clip=(0,), average=None, ema_momentum=None,
+              overwrite=False):
+    """One fused SGD step (:func:`refopt.reference.sgd_update`) on a group of tensors.
+
+    Parameters
+    ----------
+    params, grads : sequence of numba device array of float32 or float64, C-contiguous
+        As :func:`adam_multi`.
+    m : numba device array, 1-d
+        The flat momentum buffer.
+    segments, scales, weight_decay, clip, average, ema_momentum, overwrite
+        As :func:`adam_multi`.
+    learning_rate, momentum : float
+    nesterov : bool
+    """
+    dt = np.dtype(m.dtype)
+    mode, cv, scales, wd, lr, (use_ema, mu, omu, ow) = _multi_common(
+        dt, segments, scales, clip, weight_decay, learning_rate, average, ema_momentum,
+        overwrite)
+    mom = tf_cast(dt, momentum)
+    for (members, table, nchunks), sc in zip(segments.launches, scales):
+        segments.kernels.sgd_multi[segments.grid(nchunks)](
+            segments.tuples(params, members), segments.tuples(grads, members), table, sc,
+            nchunks, m, average if use_ema else m, mode, cv, wd, lr, mom, bool(nesterov),
+            use_ema, mu, omu, ow)
+
+
+def _one(p, clip, weight_decay):
+    """A one-tensor segment table, its clip factor and ``(mode, threshold)``."""
+    dt = np.dtype(p.dtype)
+    seg = Segments([p.size], [0], [weight_decay is not None])
+    mode, _, cden, gscale = clip_args(dt, *clip)
+    threshold = clip[1] if mode in (1, 2) else None
+    return seg, seg.scales(dt, [cden if mode == 2 else gscale]), (mode, threshold)
+
+
+def adam_dense(p, g, m, v, vhat=None, *, learning_rate, beta_1, beta_2, epsilon, step,
+               weight_decay=None, clip=(0,), average=None, ema_momentum=None,
+               overwrite=False):
+    """One fused Adam/AMSGrad/AdamW step on one tensor, in place (:func:`adam_multi`).
+
+    Parameters
+    ----------
+    p, g, m, v : numba device array of float32 or float64, C-contiguous, same shape and dtype
+        Variable, gradient, moments; ``p``, ``m``, ``v`` are updated in place.
+    vhat : device array like ``p`` or None
+        AMSGrad maximum (None: plain Adam).
+    learning_rate, beta_1, beta_2, epsilon : float
+    step : int
+        1-based global step.
+    weight_decay : float or None
+        Decoupled decay, as :func:`refopt.reference.apply_weight_decay`.
+    clip : tuple
+        ``(mode, clip, cden, gscale)`` or a prefix of it, as :func:`clip_args`.
+    average : device array like ``p`` or None
+        EMA average, updated in place when given.
+    ema_momentum : float or None
+    overwrite : bool
+
+    Notes
+    -----
+    Each element runs the reference's operations in its order; on the simulator the results
+    are bit-identical to :func:`refopt.reference.adam_update` (tested). On a real GPU, NVVM's
+    default FMA contraction has not been checked.
+    """
+    if p.size == 0:
+        return
+    seg, sc, clip2 = _one(p, clip, weight_decay)
+    adam_multi([p], [g], _flat(m), _flat(v), None if vhat is None else _flat(vhat),
+               segments=seg, scales=sc, learning_rate=learning_rate, beta_1=beta_1,
+               beta_2=beta_2, epsilon=epsilon, step=step, weight_decay=weight_decay,
+               clip=clip2, average=None if average is None else _flat(average),
+               ema_momentum=ema_momentum, overwrite=overwrite)
+
+
+def sgd_dense(p, g, m, *, learning_rate, momentum, nesterov=False, weight_decay=None,
+              clip=(0,), average=None, ema_momentum=None, overwrite=False):
+    """One fused SGD step on one tensor, in place (:func:`sgd_multi`).
+
+    Parameters
+    ----------
+    p, g, m : numba device array of float32 or float64, C-contiguous, same shape and dtype
+        Variable, gradient and momentum buffer (``p`` and ``m`` updated in place).
+    learning_rate, momentum : float
+    nesterov : bool
+    weight_decay, clip, average, ema_momentum, overwrite
+        As :func:`adam_dense`.
+    """
+    if p.size == 0:
+        return
+    seg, sc, clip2 = _one(p, clip, weight_decay)
+    sgd_multi([p], [g], _flat(m), segments=seg, scales=sc, learning_rate=learning_rate,
+              momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, clip=clip2,
+              average=None if average is None else _flat(average),
+              ema_momentum=ema_momentum, overwrite=overwrite)
+
+
+def sorted_rows(indices):
+    """Host preparation of a sparse gradient: ``(order, starts, unique_rows)`` (int64).
+
+    ``order`` is a stable argsort of ``indices`` (duplicates keep their order of appearance),
+    ``unique_rows`` the sorted distinct rows and ``starts`` the run boundaries in ``order``
+    (``len(unique_rows) + 1`` entries).
+    """
+    idx = np.asarray(indices, np.int64).reshape(-1)
+    order = np.argsort(idx, kind="stable")
+    srt = idx[order]
+    first = np.flatnonzero(np.r_[True, srt[1:] != srt[:-1]]) if srt.size else np.zeros(0,
+                                                                                        np.int64)
+    starts = np.r_[first, srt.size].astype(np.int64)
+    return order.astype(np.int64), starts, srt[first].astype(np.int64)
+
+
+def lazy_adam_rows(p, m, v, vhat, values, indices, *, learning_rate, beta_1, beta_2, epsilon,
+                   step, weight_decay=None):
+    """Lazy Adam on the rows of ``indices``, in place (one launch).
+
+    ``values`` (a device array ``(n, ...)``, or host rows, copied over) are summed per unique
+    row from zero in order of appearance (bit-identical to
+    :meth:`refopt.IndexedSlices.deduplicate`) by the one thread that owns each element of the
+    row, which then applies weight decay (present rows only) and the Adam update.
+
+    Parameters
+    ----------
+    p, m, v : numba device array of float32 or float64, C-contiguous, shape ``(rows, ...)``
+        Table and moments, updated in place on the present rows only.
+    vhat : device array like ``p`` or None
+    values : ndarray or device array, shape ``(n,) + p.shape[1:]``
+        Gradient rows (host rows are copied to the device).
+    indices : array_like of int, shape ``(n,)``
+        Row of each value, validated by the caller (``IndexedSlices``).
+    learning_rate, beta_1, beta_2, epsilon, step, weight_decay
+        As :func:`adam_dense`.
+    """
+    dt = np.dtype(p.dtype)
+    order, starts, urows = sorted_rows(indices)
+    if urows.size == 0 or p.size == 0:
+        return
+    width = p.size // p.shape[0]
+    rows = p.shape[0]
+    if isinstance(values, np.ndarray):
+        values = cuda.to_device(np.ascontiguousarray(values).reshape(-1, width))
+    else:
+        values = values.reshape(values.shape[0], width)
+    s = adam_scalars(dt, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                     epsilon=epsilon, step=step)
+    decay, wd, lr = _decay_args(dt, weight_decay, learning_rate)
+    K, tpb = _kset()
+    P = p.reshape(rows, width)
+    M = m.reshape(rows, width)
+    ams = vhat is not None
+    K.lazy_adam_rows[_grid(urows.size * width, tpb)](
+        P, M, v.reshape(rows, width), vhat.reshape(rows, width) if ams else M, values,
+        cuda.to_device(order), cuda.to_device(starts), cuda.to_device(urows), dt.type(0), ams,
+        decay, wd, lr, s.alpha, s.one_minus_beta_1, s.one_minus_beta_2, s.epsilon)
