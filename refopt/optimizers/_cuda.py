@@ -292,7 +292,7 @@ def _prepare(opt, present, lr_value, kc, rclip):
     ema_kw = dict(ema_momentum=opt.ema_momentum if ema else None, overwrite=overwrite)
     kind, flag, hyper = opt._cuda_update()
     calls = []
-    groups = {}  # dtype -> [(position, device view, gradient, clip tuple)], in input order
+    groups = {}  # dtype -> [(position, view, gradient, clip tuple, decays)], in input order
     for k, (i, g) in enumerate(zip(positions, grads)):
         d = present[k][2]
         decays = (opt.weight_decay is not None and id(opt._vars[i]) not in opt._exclude_ids)
