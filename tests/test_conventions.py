@@ -71,6 +71,11 @@ def test_defaults_follow_the_convention():
         refopt.AdamW(weight_decay=None)
 
 
+def test_adamw_under_a_convention_without_it_says_so():
+    with pytest.raises(ValueError, match="AdamW does not exist under convention='tf1'"):
+        refopt.AdamW(convention="tf1")
+
+
 def test_cuda_refuses_other_conventions():
     with pytest.raises(NotImplementedError, match="backend='cuda' computes tf-keras"):
         refopt.Adam(convention="torch", backend="cuda")

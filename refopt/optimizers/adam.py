@@ -237,7 +237,13 @@ class AdamW(Adam):
                 "AdamW requires a `weight_decay` (a float >= 0). Received: weight_decay=None"
             )
         if weight_decay is _CONVENTION_DEFAULT:
-            weight_decay = _check_convention(convention).default_adamw_weight_decay
+            conv = _check_convention(convention)
+            if conv.adamw_weight_decay == "none":
+                raise ValueError(
+                    f"AdamW does not exist under convention={conv.name!r} ({conv.framework} "
+                    "has no decoupled weight decay); use Adam."
+                )
+            weight_decay = conv.default_adamw_weight_decay
         super().__init__(
             learning_rate=learning_rate,
             beta_1=beta_1,
