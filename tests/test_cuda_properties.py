@@ -1,6 +1,7 @@
 """Hypothesis properties of backend="cuda" and of refopt.kernels.cuda, against the reference.
 
-Everything runs on numba's CUDA simulator (``tests/conftest.py``), with
+Everything runs on numba's CUDA simulator (``tests/conftest.py``), or on a GPU when
+``NUMBA_ENABLE_CUDASIM=0`` (``scripts/gpu_check.sh``), with
 ``config.THREADS_PER_BLOCK = 4``, ``ITEMS_PER_THREAD = 2`` (chunks of 8 elements) and
 ``TENSORS_PER_LAUNCH = 3``, so that tiny arrays span several blocks and chunks and a dtype
 group of four tensors already needs two launches. Each property draws few elements (shapes
@@ -16,7 +17,9 @@ What is compared, and how exactly:
   ``sgd_update``, ``apply_weight_decay``, ``clip_by_value``, ``ema_update`` and the scaling
   step of ``clip_by_global_norm`` (given the same norm, ``use_norm``). The simulator executes
   a kernel's Python code with NumPy scalars of the array dtype, so each operation is the
-  same IEEE operation, in the same order, as the reference's array arithmetic.
+  same IEEE operation, in the same order, as the reference's array arithmetic. On a GPU
+  each is an explicitly rounded ``mul.rn``/``add.rn``/``sub.rn`` (never fused into an FMA),
+  ``div.rn`` or ``sqrt.rn`` (audited in ``tests/test_cuda_ptx.py``), so the same holds.
 - **Within ``n + 2`` ulp** (``n`` elements summed): ``global_norm``, the norm returned by
   ``clip_by_global_norm`` and the result of ``clip_by_norm``. The kernel rounds each square
   to the dtype as the reference does but adds them in float64 in fixed tiles and rounds the
@@ -46,7 +49,8 @@ from refopt.testing import strategies as rs
 
 kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
 
-pytestmark = pytest.mark.skipif(not kc.simulator, reason="bit-identity holds on the simulator")
+pytestmark = pytest.mark.skipif(not kc.simulator and not kc.cuda.is_available(),
+                                reason="needs numba's CUDA simulator or an NVIDIA GPU")
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 CUDA_EXAMPLES = 200 if os.environ.get("REFOPT_HYPOTHESIS_PROFILE") == "dev" else 60

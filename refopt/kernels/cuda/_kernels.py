@@ -1,8 +1,20 @@
-"""The ``@cuda.jit`` kernels (built on first use, one set per ``config.THREADS_PER_BLOCK``).
+"""The ``@cuda.jit`` kernels (built on first use, one set per threads-per-block and dtype).
 
 Every elementwise kernel is a grid-stride loop in which each element is computed by one
 thread with the reference's operations in the reference's order, in the variable's dtype (the
-scalars arrive already rounded to it). The dense updates (``adam_multi``, ``sgd_multi``) are
+scalars arrive already rounded to it).
+
+No FMA contraction. With numba-cuda's default options NVVM contracts ``a * b + c`` into one
+``fma.rn`` instruction (checked: the PTX of the plain-operator Adam kernel had 12), which
+rounds once where the reference rounds twice, so a GPU would differ from the reference in
+the last bit. numba-cuda has no switch for NVVM's ``-fma=0`` without ``fastmath``, so every
+``*``, ``+`` and ``-`` of a float in these kernels goes through :func:`ops`: libdevice's
+explicitly rounded ``__nv_fmul_rn`` / ``__nv_fadd_rn`` / ``__nv_fsub_rn`` (``dmul_rn``,
+``dadd_rn`` in float64), which compile to ``mul.rn`` / ``add.rn`` / ``sub.rn`` and which
+neither NVVM nor ptxas fuses (PTX ISA: an instruction with an explicit rounding modifier is
+not contracted). ``math.sqrt`` and ``/`` are IEEE round-to-nearest without ``fastmath``
+(``sqrt.rn``, ``div.rn``). ``python -m refopt.kernels.cuda.ptx`` compiles every kernel to
+PTX without a GPU and audits exactly this. The dense updates (``adam_multi``, ``sgd_multi``) are
 multi-tensor kernels: one launch updates up to ``config.TENSORS_PER_LAUNCH`` tensors, described
 by a segment table (see :class:`refopt.kernels.cuda._launch.Segments`). No ``fastmath``. Only the norm reduction combines
 values, in a fixed order: each block sums one fixed tile (thread ``t`` adds elements
@@ -16,9 +28,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import cuda, float64
 
 _BUILT = {}
+
+#: Whether numba runs CUDA code in its simulator (plain Python: ``a * b`` on NumPy scalars
+#: is already one correctly rounded operation, and libdevice does not exist there).
+_SIMULATOR = hasattr(cuda, "FakeCUDAKernel")
 
 #: Columns of the int64 segment table of the multi-tensor kernels, one row per tensor: its
 #: offset in the flat slot buffers, its element count, its first chunk, whether it decays.
@@ -26,20 +43,76 @@ SEG_OFFSET, SEG_SIZE, SEG_CHUNK, SEG_DECAY = 0, 1, 2, 3
 SEG_COLUMNS = 4
 
 
-def get(tpb, items):
-    """The kernels for ``tpb`` threads per block and ``items`` elements per thread (cached)."""
-    key = (tpb, items)
+def get(tpb, items, dtype):
+    """The kernels for ``tpb`` threads per block, ``items`` elements per thread and ``dtype``.
+
+    Cached per ``(tpb, items, dtype)``; ``dtype`` is float32 or float64 and selects the
+    explicitly rounded operations of :func:`ops`.
+    """
+    key = (int(tpb), int(items), np.dtype(dtype))
     if key not in _BUILT:
-        _BUILT[key] = _build(tpb, items)
+        _BUILT[key] = _build(*key)
     return _BUILT[key]
+
+
+def ops(dtype):
+    """``(mul, add, sub)``: device functions of one IEEE round-to-nearest operation each.
+
+    On a GPU these are libdevice's ``fmul_rn``/``fadd_rn``/``fsub_rn`` (float32) or
+    ``dmul_rn``/``dadd_rn`` (float64; ``a - b`` as ``dadd_rn(a, -b)``, the same IEEE result),
+    which the compiler never fuses into an FMA; on the simulator the plain operators.
+
+    Parameters
+    ----------
+    dtype : numpy dtype, float32 or float64
+
+    Returns
+    -------
+    tuple of three device functions of two scalars of ``dtype``
+
+    Raises
+    ------
+    ValueError
+        For any other dtype.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"The CUDA kernels compute in float32 or float64. Received: {dtype}")
+    if _SIMULATOR:
+        @cuda.jit(device=True)
+        def mul(a, b):
+            return a * b
+
+        @cuda.jit(device=True)
+        def add(a, b):
+            return a + b
+
+        @cuda.jit(device=True)
+        def sub(a, b):
+            return a - b
+
+        return mul, add, sub
+    from numba.cuda import libdevice
+
+    if dtype == np.dtype(np.float32):
+        return libdevice.fmul_rn, libdevice.fadd_rn, libdevice.fsub_rn
+    dadd = libdevice.dadd_rn
+
+    @cuda.jit(device=True)
+    def dsub(a, b):
+        return dadd(a, -b)
+
+    return libdevice.dmul_rn, dadd, dsub
 
 
 class _Kernels:
     pass
 
 
-def _build(tpb, items):
+def _build(tpb, items, dtype):
     K = _Kernels()
+    K.dtype = dtype
+    mul, add, sub = ops(dtype)
 
     @cuda.jit(device=True)
     def clip_one(gi, mode, cv, cden, gscale):
@@ -48,9 +121,9 @@ def _build(tpb, items):
             nc = -cv
             gi = t if (t > nc or t != t) else nc
         elif mode == 2:  # (g * c) / maximum(norm, c)
-            gi = (gi * cv) / cden
+            gi = mul(gi, cv) / cden
         elif mode == 3:  # g * scale
-            gi = gi * gscale
+            gi = mul(gi, gscale)
         return gi
 
     K.clip_one = clip_one
@@ -58,14 +131,14 @@ def _build(tpb, items):
     @cuda.jit(device=True)
     def adam_one(pi, gi, mi, vi, hi, ams, decay, wd, lr, alpha, c1, c2, eps):
         if decay:
-            pi = pi - pi * wd * lr
-        mi = mi + (gi - mi) * c1
-        vi = vi + (gi * gi - vi) * c2
+            pi = sub(pi, mul(mul(pi, wd), lr))
+        mi = add(mi, mul(sub(gi, mi), c1))
+        vi = add(vi, mul(sub(mul(gi, gi), vi), c2))
         den = vi
         if ams:
             hi = vi if (vi > hi or vi != vi) else hi
             den = hi
-        pi = pi - (mi * alpha) / (math.sqrt(den) + eps)
+        pi = sub(pi, mul(mi, alpha) / add(math.sqrt(den), eps))
         return pi, mi, vi, hi
 
     chunk = tpb * items
@@ -118,7 +191,7 @@ def _build(tpb, items):
                     if ams:
                         vh[j] = hi
                     if ema:
-                        a = mu * avg[j] + omu * pi
+                        a = add(mul(mu, avg[j]), mul(omu, pi))
                         avg[j] = a
                         if overwrite:
                             pi = a
@@ -148,15 +221,15 @@ def _build(tpb, items):
                     gi = clip_one(g[i], mode, cv, sc, sc)
                     pi = p[i]
                     if decay:
-                        pi = pi - pi * wd * lr
-                    mi = (-gi) * lr + m[j] * mom
+                        pi = sub(pi, mul(mul(pi, wd), lr))
+                    mi = add(mul(-gi, lr), mul(m[j], mom))
                     m[j] = mi
                     if nesterov:
-                        pi = pi + ((-gi) * lr + mi * mom)
+                        pi = add(pi, add(mul(-gi, lr), mul(mi, mom)))
                     else:
-                        pi = pi + mi
+                        pi = add(pi, mi)
                     if ema:
-                        a = mu * avg[j] + omu * pi
+                        a = add(mul(mu, avg[j]), mul(omu, pi))
                         avg[j] = a
                         if overwrite:
                             pi = a
@@ -180,7 +253,7 @@ def _build(tpb, items):
             r = urows[u]
             s = zero
             for j in range(starts[u], starts[u + 1]):
-                s = s + vals[order[j], c]
+                s = add(s, vals[order[j], c])
             hi = M[r, c]
             if ams:
                 hi = VH[r, c]
@@ -200,7 +273,7 @@ def _build(tpb, items):
         i = cuda.grid(1)
         stride = cuda.gridsize(1)
         while i < avg.shape[0]:
-            a = mu * avg[i] + omu * p[i]
+            a = add(mul(mu, avg[i]), mul(omu, p[i]))
             avg[i] = a
             if overwrite:
                 p[i] = a
@@ -224,7 +297,7 @@ def _build(tpb, items):
         stride = cuda.gridsize(1)
         while i < out.shape[0]:
             pi = p[i]
-            out[i] = pi - pi * wd * lr
+            out[i] = sub(pi, mul(mul(pi, wd), lr))
             i += stride
 
     K.decay_k = decay_k
@@ -242,10 +315,10 @@ def _build(tpb, items):
             i = base + k * tpb + t
             if i < n:
                 x = g[i]
-                sq = x * x
+                sq = mul(x, x)
                 if half:
-                    sq = sq * h
-                acc = acc + sq
+                    sq = mul(sq, h)
+                acc = acc + sq  # float64 + a rounded square: nothing to contract
         sh[t] = acc
         cuda.syncthreads()
         s = tpb // 2

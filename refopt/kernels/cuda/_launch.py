@@ -62,12 +62,18 @@ def require_device():
         )
 
 
-def _kset():
+def _tpb():
     tpb = int(config.THREADS_PER_BLOCK)
     if tpb < 1 or tpb & (tpb - 1):
         raise ValueError(
             f"config.THREADS_PER_BLOCK must be a power of two. Received: {tpb}")
-    return _kernels.get(tpb, int(config.ITEMS_PER_THREAD)), tpb
+    return tpb
+
+
+def _kset(dtype):
+    """The kernels of ``dtype`` for the current ``config``, and the threads per block."""
+    tpb = _tpb()
+    return _kernels.get(tpb, int(config.ITEMS_PER_THREAD), dtype), tpb
 
 
 def is_device_array(a):
@@ -152,7 +158,7 @@ def copy(dst, src):
     """
     if dst.size == 0:
         return
-    K, tpb = _kset()
+    K, tpb = _kset(dst.dtype)
     K.copy_k[_grid(dst.size, tpb)](_flat(dst), _flat(src))
 
 
@@ -188,7 +194,7 @@ def sumsq(g, half=False):
     dtype = np.dtype(g.dtype)
     if g.size == 0:
         return dtype.type(0)
-    K, tpb = _kset()
+    K, tpb = _kset(dtype)
     tile = tpb * int(config.ITEMS_PER_THREAD)
     blocks = -(-g.size // tile)
     partial = cuda.device_array(blocks, np.float64)
@@ -211,7 +217,7 @@ def clip_dense(out, g, mode, clip=None, cden=None, gscale=None):
     """
     if g.size == 0:
         return
-    K, tpb = _kset()
+    K, tpb = _kset(g.dtype)
     K.clip_k[_grid(g.size, tpb)](_flat(out), _flat(g),
                                  *clip_args(np.dtype(g.dtype), mode, clip, cden, gscale))
 
@@ -228,7 +234,7 @@ def decay_dense(out, p, *, learning_rate, weight_decay):
     if p.size == 0:
         return
     dt = np.dtype(p.dtype)
-    K, tpb = _kset()
+    K, tpb = _kset(dt)
     K.decay_k[_grid(p.size, tpb)](_flat(out), _flat(p), tf_cast(dt, weight_decay),
                                   lr_cast(dt, learning_rate))
 
@@ -247,7 +253,7 @@ def ema_dense(average, p, *, ema_momentum, overwrite=False):
     if p.size == 0:
         return
     dt = np.dtype(p.dtype)
-    K, tpb = _kset()
+    K, tpb = _kset(dt)
     K.ema_k[_grid(p.size, tpb)](_flat(average), _flat(p), scalar(dt, ema_momentum),
                                 scalar(dt, 1 - ema_momentum), bool(overwrite))
 
@@ -301,8 +307,9 @@ class Segments:
         width = int(config.TENSORS_PER_LAUNCH)
         if width < 1:
             raise ValueError(f"config.TENSORS_PER_LAUNCH must be >= 1. Received: {width}")
-        self.kernels, self.tpb = _kset()
-        self.chunk = self.tpb * int(config.ITEMS_PER_THREAD)
+        self.tpb = _tpb()
+        self.items = int(config.ITEMS_PER_THREAD)
+        self.chunk = self.tpb * self.items
         self.width = width
         self.count = len(sizes)
         self._ones = {}
@@ -352,6 +359,10 @@ class Segments:
         """``arrays[k]`` (flattened) for the members, padded to ``width`` with the first."""
         flat = [_flat(arrays[k]) for k in members]
         return tuple(flat + [flat[0]] * (self.width - len(flat)))
+
+    def kernels(self, dtype):
+        """The kernel set of ``dtype`` (:func:`refopt.kernels.cuda._kernels.get`)."""
+        return _kernels.get(self.tpb, self.items, dtype)
 
     def grid(self, nchunks):
         return max(1, min(config.MAX_BLOCKS, nchunks)), self.tpb
@@ -418,7 +429,7 @@ def adam_multi(params, grads, m, v, vhat=None, *, segments, scales=None, learnin
         overwrite)
     ams = vhat is not None
     for (members, table, nchunks), sc in zip(segments.launches, scales):
-        segments.kernels.adam_multi[segments.grid(nchunks)](
+        segments.kernels(dt).adam_multi[segments.grid(nchunks)](
             segments.tuples(params, members), segments.tuples(grads, members), table, sc,
             nchunks, m, v, vhat if ams else m, average if use_ema else m, mode, cv, wd, lr,
             s.alpha, s.one_minus_beta_1, s.one_minus_beta_2, s.epsilon, ams, use_ema, mu,
@@ -447,7 +458,7 @@ def sgd_multi(params, grads, m, *, segments, scales=None, learning_rate, momentu
         overwrite)
     mom = tf_cast(dt, momentum)
     for (members, table, nchunks), sc in zip(segments.launches, scales):
-        segments.kernels.sgd_multi[segments.grid(nchunks)](
+        segments.kernels(dt).sgd_multi[segments.grid(nchunks)](
             segments.tuples(params, members), segments.tuples(grads, members), table, sc,
             nchunks, m, average if use_ema else m, mode, cv, wd, lr, mom, bool(nesterov),
             use_ema, mu, omu, ow)
@@ -488,8 +499,10 @@ def adam_dense(p, g, m, v, vhat=None, *, learning_rate, beta_1, beta_2, epsilon,
     Notes
     -----
     Each element runs the reference's operations in its order; on the simulator the results
-    are bit-identical to :func:`refopt.reference.adam_update` (tested). On a real GPU, NVVM's
-    default FMA contraction has not been checked.
+    are bit-identical to :func:`refopt.reference.adam_update` (tested). On a GPU every
+    multiply, add and subtract is an explicitly rounded ``mul.rn``/``add.rn``/``sub.rn``
+    that the compiler does not fuse into an FMA (:func:`refopt.kernels.cuda._kernels.ops`;
+    audited in the PTX by :mod:`refopt.kernels.cuda.ptx`).
     """
     if p.size == 0:
         return
@@ -573,7 +586,7 @@ def lazy_adam_rows(p, m, v, vhat, values, indices, *, learning_rate, beta_1, bet
     s = adam_scalars(dt, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
                      epsilon=epsilon, step=step)
     decay, wd, lr = _decay_args(dt, weight_decay, learning_rate)
-    K, tpb = _kset()
+    K, tpb = _kset(dt)
     P = p.reshape(rows, width)
     M = m.reshape(rows, width)
     ams = vhat is not None

@@ -1,0 +1,362 @@
+"""Compile every CUDA kernel to PTX without a GPU and audit what the compiler made of it.
+
+The simulator runs the kernels as Python, so it can neither catch a kernel numba cannot type
+or lower for a device, nor see what NVVM does to the arithmetic. This module asks numba-cuda
+and NVVM (no driver, no GPU: ``cuda.compile_ptx`` with an explicit compute capability) for
+the PTX of every kernel of :mod:`refopt.kernels.cuda._kernels`, with the argument types the
+launchers in :mod:`refopt.kernels.cuda._launch` pass, in float32 and float64, and checks:
+
+- **no contraction**: no ``fma`` and no float ``mul`` without an explicit rounding modifier
+  (ptxas may fuse a plain ``mul.f32`` with a following add), so each multiply and add rounds
+  on its own as in the reference;
+- **IEEE operations**: no ``.approx`` and no ``.ftz`` instruction (the default options give
+  ``div.rn`` and ``sqrt.rn``; ``fastmath`` would not);
+- **the parameter block**: a multi-tensor launch of ``config.TENSORS_PER_LAUNCH`` tensors
+  fits CUDA's classic 4 KiB of kernel parameters (4096 bytes, the limit before CUDA 12.1).
+
+It also compiles a *control* kernel written with plain operators, ``out[i] = a[i] * b[i] +
+c[i]``, and reports whether NVVM contracted it: if it did, contraction is on in this
+toolchain and the audit above is not vacuous.
+
+Run it as ``python -m refopt.kernels.cuda.ptx`` (``--json`` for a machine-readable report,
+``--cc 8.0 --cc 9.0`` for the targets). It needs numba-cuda (``pip install 'refopt[cuda]'``),
+libNVVM and NVRTC (a CUDA toolkit, or ``pip install 'numba-cuda[cu13]'``), and
+``NUMBA_ENABLE_CUDASIM`` unset or ``0``. Exit status: 0 when every kernel passes, 1 when one
+fails, 2 when the toolchain is missing or the simulator is on.
+
+Device-less compilation: numba-cuda asks the current device for its compute capability when
+it compiles a device function called by a kernel; while this module compiles, that query is
+answered with the requested ``cc`` (:func:`_device_stand_in`). Nothing runs on a device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: CUDA's classic limit on a kernel's parameters, in bytes.
+PARAM_LIMIT = 4096
+
+#: The compute capabilities compiled by default: A100 (8.0) and H100/H200 (9.0).
+DEFAULT_CCS = ((8, 0), (9, 0))
+
+_FLOAT_INSTR = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z]+(?:\.[a-z0-9]+)*)\s")
+
+
+@dataclass
+class KernelPTX:
+    """The PTX of one kernel for one dtype and compute capability, and its audit.
+
+    Attributes
+    ----------
+    name : str
+        The kernel's name in :mod:`refopt.kernels.cuda._kernels` (or ``"control"``).
+    dtype : str
+        ``"float32"`` or ``"float64"``.
+    cc : tuple of int
+        The compute capability compiled for.
+    param_bytes : int
+        Size of the kernel's parameter block (with alignment), in bytes.
+    float_ops : dict of str to int
+        Count of each float arithmetic instruction (``mul.rn.f32``, ``fma.rn.f64``, ...).
+    problems : list of str
+        What the audit found (empty: the kernel passes).
+    """
+
+    name: str
+    dtype: str
+    cc: tuple
+    param_bytes: int
+    float_ops: dict
+    problems: list = field(default_factory=list)
+
+    def as_dict(self):
+        return {"name": self.name, "dtype": self.dtype, "cc": ".".join(map(str, self.cc)),
+                "param_bytes": self.param_bytes, "float_ops": self.float_ops,
+                "problems": self.problems}
+
+
+def float_ops(ptx):
+    """Count the float arithmetic instructions of a PTX text.
+
+    Parameters
+    ----------
+    ptx : str
+
+    Returns
+    -------
+    dict of str to int
+        Instruction (with its modifiers, e.g. ``"add.rn.f32"``) to count, for ``add``,
+        ``sub``, ``mul``, ``fma``, ``mad``, ``div``, ``sqrt``, ``rcp`` and ``rsqrt`` on
+        ``f32``/``f64``.
+    """
+    counts = collections.Counter()
+    for line in ptx.splitlines():
+        m = _FLOAT_INSTR.match(line)
+        if not m:
+            continue
+        ins = m.group(1)
+        parts = ins.split(".")
+        if parts[0] in ("add", "sub", "mul", "fma", "mad", "div", "sqrt", "rcp", "rsqrt") \
+                and parts[-1] in ("f32", "f64"):
+            counts[ins] += 1
+    return dict(sorted(counts.items()))
+
+
+def audit_ops(ops):
+    """The contraction and approximation problems in ``float_ops`` counts (empty: none).
+
+    Parameters
+    ----------
+    ops : dict of str to int
+        As returned by :func:`float_ops`.
+
+    Returns
+    -------
+    list of str
+    """
+    problems = []
+    for ins, n in ops.items():
+        parts = ins.split(".")
+        if parts[0] in ("fma", "mad"):
+            problems.append(f"{n} x {ins}: a multiply and an add fused (one rounding)")
+        elif parts[0] == "mul" and not any(p in ("rn", "rz", "rm", "rp") for p in parts):
+            problems.append(f"{n} x {ins}: a multiply without a rounding modifier "
+                            "(ptxas may fuse it with an add)")
+        if "approx" in parts:
+            problems.append(f"{n} x {ins}: approximate, not IEEE round-to-nearest")
+        if "ftz" in parts:
+            problems.append(f"{n} x {ins}: flushes subnormals to zero")
+    return problems
+
+
+def param_bytes(ptx):
+    """Size in bytes of the parameter block of the (one) ``.entry`` in ``ptx``.
+
+    Each ``.param`` is placed at the next multiple of its alignment (its size for the scalar
+    types, ``.align N`` for byte arrays), as CUDA lays out kernel parameters.
+
+    Parameters
+    ----------
+    ptx : str
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ValueError
+        If ``ptx`` has no ``.entry`` or a parameter declaration it cannot read.
+    """
+    m = re.search(r"\.entry\s+\S+\s*\((.*?)\)", ptx, re.S)
+    if not m:
+        raise ValueError("ptx has no .entry (kernel) declaration")
+    sizes = {"8": 1, "16": 2, "32": 4, "64": 8}
+    offset = 0
+    for decl in m.group(1).split(","):
+        decl = decl.strip()
+        if not decl:
+            continue
+        arr = re.match(r"\.param\s+\.align\s+(\d+)\s+\.b8\s+\S+\[(\d+)\]", decl)
+        if arr:
+            align, size = int(arr.group(1)), int(arr.group(2))
+        else:
+            sc = re.match(r"\.param\s+\.[a-z](\d+)\s+\S+$", decl)
+            if not sc:
+                raise ValueError(f"Cannot read the parameter declaration {decl!r}")
+            align = size = sizes[sc.group(1)]
+        offset = -(-offset // align) * align + size
+    return offset
+
+
+def kernel_signatures(dtype, width):
+    """The numba argument types of each kernel, as the launchers in ``_launch`` call them.
+
+    Built with ``numba.typeof`` from values of the types the launchers pass: C-contiguous
+    1-d arrays of ``dtype`` (``_flat`` views) or 2-d (lazy rows: ``reshape(rows, width)``),
+    int64 tables, NumPy scalars of ``dtype`` (every scalar is rounded to it on the host),
+    Python ``int`` (typed int64) and ``bool``; tuples of ``width`` arrays for the
+    multi-tensor kernels (``Segments.tuples`` pads to ``config.TENSORS_PER_LAUNCH``).
+    ``tests/test_cuda_ptx.py`` checks this table against the arguments of real launches on
+    the simulator.
+
+    Parameters
+    ----------
+    dtype : numpy dtype, float32 or float64
+    width : int
+        Tensors per multi-tensor launch.
+
+    Returns
+    -------
+    dict of str to tuple of numba types
+    """
+    from numba import typeof, types
+
+    dtype = np.dtype(dtype)
+    a1 = typeof(np.zeros(2, dtype))
+    a2 = typeof(np.zeros((2, 2), dtype))
+    i1 = typeof(np.zeros(2, np.int64))
+    i2 = typeof(np.zeros((2, 2), np.int64))
+    f64a = typeof(np.zeros(2, np.float64))
+    s = typeof(dtype.type(1))
+    f64 = typeof(np.float64(0))
+    n = typeof(1)
+    b = typeof(True)
+    tup = types.UniTuple(a1, width)
+    return {
+        "adam_multi": (tup, tup, i2, a1, n, a1, a1, a1, a1, n, s, s, s, s, s, s, s, b, b, s,
+                       s, b),
+        "sgd_multi": (tup, tup, i2, a1, n, a1, a1, n, s, s, s, s, b, b, s, s, b),
+        "lazy_adam_rows": (a2, a2, a2, a2, a2, i1, i1, i1, s, b, b, s, s, s, s, s, s),
+        "ema_k": (a1, a1, s, s, b),
+        "clip_k": (a1, a1, n, s, s, s),
+        "decay_k": (a1, a1, s, s),
+        "sumsq_blocks": (a1, f64a, f64, b, s),
+        "copy_k": (a1, a1),
+    }
+
+
+@contextlib.contextmanager
+def _device_stand_in(cc):
+    """Answer numba-cuda's "current device" query with compute capability ``cc``."""
+    from numba.cuda import dispatcher
+
+    class _StandIn:
+        compute_capability = tuple(cc)
+
+    saved = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: _StandIn()
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = saved
+
+
+def _control(a, b, c, out):
+    i = 0
+    while i < out.shape[0]:
+        out[i] = a[i] * b[i] + c[i]
+        i += 1
+
+
+def _require_toolchain():
+    from numba import cuda
+
+    if hasattr(cuda, "FakeCUDAKernel"):
+        raise RuntimeError("NUMBA_ENABLE_CUDASIM is set: the simulator compiles nothing. "
+                           "Run with NUMBA_ENABLE_CUDASIM=0 (no GPU is needed).")
+    return cuda
+
+
+def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float32, np.float64), tpb=256, items=8,
+                width=None):
+    """Compile every kernel (and the control) to PTX and audit it.
+
+    Parameters
+    ----------
+    ccs : sequence of (int, int)
+        Compute capabilities.
+    dtypes : sequence of numpy dtypes
+        float32 and/or float64.
+    tpb, items : int
+        Threads per block and items per thread the kernels are built for.
+    width : int or None
+        Tensors per multi-tensor launch (None: ``config.TENSORS_PER_LAUNCH``).
+
+    Returns
+    -------
+    list of KernelPTX
+        The kernels' reports, then one ``"control"`` report per cc and dtype, whose
+        ``problems`` list the contraction NVVM applied to plain operators.
+
+    Raises
+    ------
+    RuntimeError
+        If the simulator is on.
+    Exception
+        From numba-cuda when NVVM/NVRTC cannot be found or a kernel does not compile.
+    """
+    cuda = _require_toolchain()
+    from numba import typeof
+
+    from refopt.kernels.cuda import _kernels, config
+
+    width = int(config.TENSORS_PER_LAUNCH if width is None else width)
+    reports = []
+    for cc in ccs:
+        with _device_stand_in(cc):
+            for dt in dtypes:
+                dt = np.dtype(dt)
+                K = _kernels.get(tpb, items, dt)
+                for name, sig in kernel_signatures(dt, width).items():
+                    ptx, _ = cuda.compile_ptx(getattr(K, name).py_func, sig, cc=tuple(cc))
+                    ops = float_ops(ptx)
+                    r = KernelPTX(name, dt.name, tuple(cc), param_bytes(ptx), ops,
+                                  audit_ops(ops))
+                    if r.param_bytes > PARAM_LIMIT:
+                        r.problems.append(f"parameter block of {r.param_bytes} bytes exceeds "
+                                          f"{PARAM_LIMIT}")
+                    reports.append(r)
+                a = typeof(np.zeros(2, dt))
+                ptx, _ = cuda.compile_ptx(_control, (a, a, a, a), cc=tuple(cc))
+                ops = float_ops(ptx)
+                reports.append(KernelPTX("control", dt.name, tuple(cc), param_bytes(ptx), ops,
+                                         audit_ops(ops)))
+    return reports
+
+
+def _cc(text):
+    try:
+        major, minor = text.split(".")
+        return int(major), int(minor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--cc takes MAJOR.MINOR, e.g. 9.0. Received: {text!r}") from None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m refopt.kernels.cuda.ptx",
+        description="Compile refopt's CUDA kernels to PTX (no GPU needed) and audit them: no "
+                    "FMA contraction, no approximate or flush-to-zero arithmetic, kernel "
+                    "parameters within 4 KiB.")
+    parser.add_argument("--cc", type=_cc, action="append",
+                        help="compute capability MAJOR.MINOR (repeatable; default 8.0 and 9.0)")
+    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    args = parser.parse_args(argv)
+    try:
+        reports = compile_all(ccs=args.cc or DEFAULT_CCS)
+    except Exception as exc:  # the toolchain is missing: say so, exit 2
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"cannot compile to PTX: {type(exc).__name__}: {msg}", file=sys.stderr)
+        return 2
+    kernels = [r for r in reports if r.name != "control"]
+    controls = [r for r in reports if r.name == "control"]
+    failed = [r for r in kernels if r.problems]
+    if args.json:
+        print(json.dumps({"kernels": [r.as_dict() for r in kernels],
+                          "controls": [r.as_dict() for r in controls],
+                          "passed": not failed}, indent=1))
+    else:
+        for r in kernels:
+            ops = " ".join(f"{k}:{v}" for k, v in r.float_ops.items()) or "-"
+            verdict = "ok" if not r.problems else "FAIL: " + "; ".join(r.problems)
+            print(f"sm_{r.cc[0]}{r.cc[1]} {r.dtype:7} {r.name:15} params {r.param_bytes:5} B"
+                  f"  {ops}  {verdict}")
+        for r in controls:
+            fused = "contracted to FMA" if r.problems else "not contracted"
+            print(f"sm_{r.cc[0]}{r.cc[1]} {r.dtype:7} control (plain a*b+c): {fused}")
+        print(f"{len(kernels) - len(failed)} of {len(kernels)} kernel builds pass")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

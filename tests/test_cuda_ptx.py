@@ -1,0 +1,192 @@
+"""The PTX audit of the CUDA kernels (refopt.kernels.cuda.ptx), and what it relies on.
+
+- The PTX parsers (parameter block size, float instruction counts, the audit rules) on small
+  hand-written PTX texts: they run everywhere.
+- ``kernel_signatures`` (the argument types the audit compiles with) against the arguments
+  of real launches, recorded on the simulator while the optimizers and the mirror functions
+  run: if a launcher changes what it passes, the audit would compile something else.
+- The audit itself, in a subprocess with ``NUMBA_ENABLE_CUDASIM=0`` (numba reads it once per
+  process and this one runs the simulator): every kernel compiles to PTX for sm_80 and sm_90
+  without a GPU, has no FMA and no approximate or flush-to-zero arithmetic, and the 24-tensor
+  launches fit the 4 KiB parameter block; the control kernel written with plain operators
+  *is* contracted, so the check is not vacuous. It needs numba-cuda with NVVM and NVRTC
+  (``.[test]`` installs ``numba-cuda[cu13]``, which brings both from PyPI); without them
+  it is skipped, saying why.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import refopt
+from refopt import IndexedSlices
+
+kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
+from refopt.kernels.cuda import ptx  # noqa: E402
+
+# A kernel entry in the form NVVM writes it: u64 pointers, a float, a byte, a byte array.
+_ENTRY = """
+.visible .entry _Z3fooPf(
+\t.param .u64 _Z3fooPf_param_0,
+\t.param .f32 _Z3fooPf_param_1,
+\t.param .u8 _Z3fooPf_param_2,
+\t.param .align 8 .b8 _Z3fooPf_param_3[56],
+\t.param .f64 _Z3fooPf_param_4
+)
+{
+\tld.param.u64 \t%rd1, [_Z3fooPf_param_0];
+\tfma.rn.f32 \t%f4, %f2, %f1, %f3;
+\tmul.f32 \t%f5, %f4, %f1;
+\tmul.rn.f64 \t%fd2, %fd1, %fd1;
+\t@%p1 add.rn.f32 \t%f6, %f5, %f1;
+\tsqrt.approx.ftz.f32 \t%f7, %f6;
+\tdiv.rn.f32 \t%f8, %f7, %f6;
+\tmul.lo.s64 \t%rd2, %rd1, %rd1;
+\tsetp.lt.f32 \t%p2, %f1, %f2;
+}
+"""
+
+
+def test_param_bytes_follows_the_alignment_of_each_parameter():
+    # u64 at 0 (8), f32 at 8 (4), u8 at 12 (1), 56-byte array aligned to 8 at 16 (72),
+    # f64 at 72: ends at 80.
+    assert ptx.param_bytes(_ENTRY) == 80
+    with pytest.raises(ValueError, match="no .entry"):
+        ptx.param_bytes(".version 8.0\n")
+
+
+def test_float_ops_counts_float_arithmetic_only():
+    assert ptx.float_ops(_ENTRY) == {"add.rn.f32": 1, "div.rn.f32": 1, "fma.rn.f32": 1,
+                                     "mul.f32": 1, "mul.rn.f64": 1, "sqrt.approx.ftz.f32": 1}
+
+
+def test_audit_flags_fma_unrounded_mul_approx_and_ftz_only():
+    problems = ptx.audit_ops(ptx.float_ops(_ENTRY))
+    assert len(problems) == 4
+    assert any("fma.rn.f32" in p and "fused" in p for p in problems)
+    assert any("mul.f32" in p and "rounding modifier" in p for p in problems)
+    assert any("sqrt.approx.ftz.f32" in p and "approximate" in p for p in problems)
+    assert any("sqrt.approx.ftz.f32" in p and "subnormals" in p for p in problems)
+    assert ptx.audit_ops({"mul.rn.f32": 3, "add.rn.f64": 2, "div.rn.f32": 1,
+                          "sqrt.rn.f64": 1, "add.f64": 4}) == []
+
+
+# ---------------------------------------------------------------------------------------
+# kernel_signatures against real launches (simulator)
+
+
+class _Record:
+    """Stands in for a kernel: records the argument types of each launch, then launches."""
+
+    def __init__(self, kernel, name, log):
+        self.kernel, self.name, self.log = kernel, name, log
+
+    def __getitem__(self, config):
+        launch = self.kernel[config]
+
+        def call(*args):
+            self.log.append((self.name, tuple(_numba_type(a) for a in args)))
+            return launch(*args)
+
+        return call
+
+
+def _numba_type(a):
+    from numba import typeof, types
+
+    if isinstance(a, tuple):
+        return types.UniTuple(_numba_type(a[0]), len(a)) if len(set(map(_numba_type, a))) == 1 \
+            else types.Tuple(tuple(_numba_type(x) for x in a))
+    if hasattr(a, "_ary"):  # the simulator's device array
+        return typeof(a._ary)
+    return typeof(a)
+
+
+@pytest.mark.skipif(not kc.simulator, reason="records launches on the simulator")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernel_signatures_are_those_of_real_launches(dtype, monkeypatch):
+    from refopt.kernels.cuda import _kernels
+
+    monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 4)
+    monkeypatch.setattr(kc.config, "ITEMS_PER_THREAD", 2)
+    K = _kernels.get(4, 2, dtype)
+    expected = ptx.kernel_signatures(dtype, kc.config.TENSORS_PER_LAUNCH)
+    log = []
+    for name in expected:
+        monkeypatch.setattr(K, name, _Record(getattr(K, name), name, log))
+    rng = np.random.default_rng(3)
+    shapes = [(3,), (2, 2)]
+
+    def host():
+        return [rng.standard_normal(s).astype(dtype) for s in shapes]
+
+    for opt in (refopt.Adam(0.1, amsgrad=True, weight_decay=0.1, clipnorm=1.0, use_ema=True,
+                            ema_overwrite_frequency=1, backend="cuda"),
+                refopt.SGD(0.1, momentum=0.9, nesterov=True, global_clipnorm=1.0,
+                           use_ema=True, backend="cuda")):
+        ws = [kc.to_device(h) for h in host()]
+        opt.apply_gradients(zip([kc.to_device(g) for g in host()], ws))
+    table = kc.to_device(rng.standard_normal((5, 2)).astype(dtype))
+    lazy = refopt.LazyAdam(0.1, amsgrad=True, use_ema=True, backend="cuda")
+    lazy.apply_gradients([(IndexedSlices(rng.standard_normal((3, 2)).astype(dtype),
+                                         np.array([4, 0, 4]), (5, 2)), table)])
+    p, g = host()[0], host()[0]  # the mirror functions take host arrays, as the reference
+    kc.clip_by_value(g, 0.5)
+    kc.apply_weight_decay(p, learning_rate=0.1, weight_decay=0.1)
+    kc.ema_update(p, g, ema_momentum=0.9)
+    launched = {}
+    for name, sig in log:
+        launched.setdefault(name, set()).add(sig)
+    assert set(launched) == set(expected), "a kernel was not launched by the drive above"
+    for name, sigs in launched.items():
+        assert sigs == {expected[name]}, name
+
+
+# ---------------------------------------------------------------------------------------
+# The audit itself (NVVM, no GPU)
+
+
+def _run_audit():
+    if importlib.util.find_spec("numba_cuda") is None:
+        pytest.skip("numba-cuda is not installed (numba's own numba.cuda cannot compile PTX "
+                    "here)")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, "-m", "refopt.kernels.cuda.ptx", "--json"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode == 2:
+        pytest.skip(f"no CUDA compiler toolchain (NVVM/NVRTC): {proc.stderr.strip()}")
+    return proc, json.loads(proc.stdout)
+
+
+def test_every_kernel_compiles_to_ptx_without_fma_or_approximations():
+    proc, report = _run_audit()
+    failed = {(k["name"], k["dtype"], k["cc"]): k["problems"] for k in report["kernels"]
+              if k["problems"]}
+    assert failed == {} and proc.returncode == 0 and report["passed"]
+    names = {k["name"] for k in report["kernels"]}
+    assert names == set(ptx.kernel_signatures(np.float32, 24))
+    assert {(k["dtype"], k["cc"]) for k in report["kernels"]} == {
+        (d, c) for d in ("float32", "float64") for c in ("8.0", "9.0")}
+    # The elementwise kernels round every multiply and add explicitly.
+    adam = next(k for k in report["kernels"]
+                if k["name"] == "adam_multi" and k["dtype"] == "float32")
+    assert adam["float_ops"].get("mul.rn.f32", 0) > 0
+    assert adam["float_ops"].get("sqrt.rn.f32", 0) > 0
+    # 24 tensors (two descriptors of 56 bytes each) plus the rest fit in 4 KiB.
+    for k in report["kernels"]:
+        if k["name"] in ("adam_multi", "sgd_multi"):
+            assert 24 * 2 * 56 < k["param_bytes"] <= ptx.PARAM_LIMIT
+
+
+def test_the_control_kernel_is_contracted_so_the_audit_is_not_vacuous():
+    _, report = _run_audit()
+    assert report["controls"]
+    for c in report["controls"]:
+        fma = "fma.rn.f32" if c["dtype"] == "float32" else "fma.rn.f64"
+        assert c["float_ops"].get(fma, 0) >= 1, c
+        assert any("fused" in p for p in c["problems"])
