@@ -8,7 +8,12 @@ one that was not interrupted (schedules, EMA, AMSGrad and LazyAdam included).
 
 Only the optimizer's public API is used: ``get_config``, ``iterations`` (set before building, as
 tf-keras allows), ``build``, ``variables`` and ``get_slot`` (whose live arrays are written with
-``np.copyto``).
+``np.copyto``, or ``copy_to_device`` on the GPU).
+
+``backend="cuda"``: the variables are device arrays (numba's, or objects with
+``__cuda_array_interface__``); saving copies them and every slot to the host, loading copies the
+saved values into the device slots and variables in place, after every check has passed. The
+file is the same, so a checkpoint moves between backends (``backend`` is not compared).
 
 File layout (``format_version`` 1)
 ----------------------------------
@@ -76,26 +81,50 @@ def _check_optimizer(optimizer):
         raise TypeError(
             f"`optimizer` must be a refopt optimizer. Received: {type(optimizer).__name__}"
         )
-    if optimizer.backend == "cuda":
-        raise NotImplementedError(
-            "Checkpoints of backend='cuda' optimizers (state on the GPU) are not supported in "
-            "this version; copy the state to the host with an optimizer of backend='cpu'."
-        )
 
 
-def _check_variables(variables):
-    if isinstance(variables, np.ndarray) or variables is None:
+def _check_variables(variables, optimizer):
+    """The variables as a list, and their arrays (numba views for ``backend="cuda"``)."""
+    on_device = optimizer.backend == "cuda"
+    kind = "device arrays" if on_device else "ndarrays"
+    one_array = isinstance(variables, np.ndarray) or hasattr(variables,
+                                                              "__cuda_array_interface__")
+    if on_device and not one_array:
+        from refopt.kernels.cuda import is_device_array
+
+        one_array = is_device_array(variables)
+    if variables is None or one_array:
         raise TypeError(
-            "`variables` must be a list of the optimizer's variables (ndarrays), in a fixed "
+            f"`variables` must be a list of the optimizer's variables ({kind}), in a fixed "
             f"order. Received: {type(variables).__name__}"
         )
     variables = list(variables)
+    arrays = []
     for i, v in enumerate(variables):
-        if not isinstance(v, np.ndarray):
+        if on_device:
+            from refopt.optimizers import _cuda
+
+            arrays.append(_cuda.view(v, f"`variables[{i}]`"))
+        elif not isinstance(v, np.ndarray):
             raise TypeError(f"`variables[{i}]` must be an ndarray. Received: {type(v).__name__}")
+        else:
+            arrays.append(v)
     if len({id(v) for v in variables}) != len(variables):
         raise ValueError("`variables` lists the same array twice.")
-    return variables
+    return variables, arrays
+
+
+def _to_host(a):
+    """``a`` itself if it is a host ndarray, else a host copy of the device array."""
+    return a if isinstance(a, np.ndarray) else a.copy_to_host()
+
+
+def _write_into(target, value):
+    """Copy ``value`` (host) into the live array ``target`` (host or device) in place."""
+    if isinstance(target, np.ndarray):
+        np.copyto(target, value)
+    elif value.size:
+        target.copy_to_device(np.ascontiguousarray(value))
 
 
 def _built_count(optimizer):
@@ -160,9 +189,10 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
         The file to write, used as given (no suffix is added). Replaced atomically if it exists.
     optimizer : refopt.Optimizer
         Built or not yet built.
-    variables : list of ndarray
+    variables : list of ndarray (device arrays for ``backend="cuda"``)
         The variables, in a fixed order (the same order :func:`load_checkpoint` will get). Once
-        the optimizer is built, exactly the variables it was built with.
+        the optimizer is built, exactly the variables it was built with. Device arrays and
+        slots are copied to the host.
     include_variables : bool, default True
         Also save the variables' values.
 
@@ -174,7 +204,9 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
     Raises
     ------
     TypeError
-        If ``optimizer`` is not a refopt optimizer or ``variables`` not a list of ndarrays.
+        If ``optimizer`` is not a refopt optimizer or ``variables`` not a list of ndarrays
+        (of device arrays for ``backend="cuda"``: a host ndarray is refused, naming
+        ``to_device``).
     ValueError
         If ``variables`` is not the list the optimizer was built with (count, or an unknown
         array).
@@ -184,7 +216,7 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
     from refopt import __version__
 
     _check_optimizer(optimizer)
-    variables = _check_variables(variables)
+    variables, views = _check_variables(variables, optimizer)
     built = _built_count(optimizer) > 0
     names = optimizer.slot_names
     arrays = {}
@@ -198,15 +230,15 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
         for i, var in enumerate(variables):
             for name in names:
                 try:
-                    arrays[f"slot_{name}_{i}"] = optimizer.get_slot(var, name)
+                    arrays[f"slot_{name}_{i}"] = _to_host(optimizer.get_slot(var, name))
                 except KeyError:
                     raise ValueError(
-                        f"`variables[{i}]` (shape {var.shape}, {var.dtype}) is not a variable the "
-                        "optimizer was built with."
+                        f"`variables[{i}]` (shape {tuple(views[i].shape)}, {views[i].dtype}) is "
+                        "not a variable the optimizer was built with."
                     ) from None
     if include_variables:
-        for i, var in enumerate(variables):
-            arrays[f"variable_{i}"] = var
+        for i, view in enumerate(views):
+            arrays[f"variable_{i}"] = _to_host(view)
     lr = optimizer.learning_rate
     meta = {
         "format": _FORMAT,
@@ -217,8 +249,8 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
         "iterations": int(optimizer.iterations),
         "learning_rate": None if lr is None else float(lr).hex(),
         "built": built,
-        "shapes": [list(v.shape) for v in variables],
-        "dtypes": [v.dtype.name for v in variables],
+        "shapes": [list(v.shape) for v in views],
+        "dtypes": [np.dtype(v.dtype).name for v in views],
         "slots": list(names) if built else [],
         "has_variables": bool(include_variables),
         # convention step_counter="per_variable" (torch): each variable's own step count
@@ -284,9 +316,10 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
         the saved one was; ``name``, ``backend`` and ``jit_compile`` may differ). Call its
         ``exclude_from_weight_decay`` before loading if the saved one used it: that setting is
         not part of ``get_config`` and is not saved.
-    variables : list of ndarray
+    variables : list of ndarray (device arrays for ``backend="cuda"``)
         The variables, in the order given to :func:`save_checkpoint`, each of the saved shape
-        and dtype, C-contiguous and writeable. The optimizer is built with them.
+        and dtype, C-contiguous and writeable. The optimizer is built with them; on the GPU the
+        saved values are copied into the device slots and variables in place.
     restore_variables : bool, default True
         Copy the saved values into ``variables`` (when the checkpoint has them).
 
@@ -307,7 +340,9 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
     ValueError
         If the optimizer is already built, or a variable is not C-contiguous and writeable.
     TypeError
-        If ``optimizer`` is not a refopt optimizer or ``variables`` not a list of ndarrays.
+        If ``optimizer`` is not a refopt optimizer or ``variables`` not a list of ndarrays
+        (of device arrays for ``backend="cuda"``: a host ndarray is refused, naming
+        ``to_device``).
 
     Notes
     -----
@@ -317,7 +352,7 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
     last step before the save used), as it was before saving.
     """
     _check_optimizer(optimizer)
-    variables = _check_variables(variables)
+    variables, views = _check_variables(variables, optimizer)
     meta, arrays = _read(path)
     p = os.fspath(path)
     if meta.get("class") != type(optimizer).__name__:
@@ -346,13 +381,13 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
         raise CheckpointError(
             f"{p} holds {len(shapes)} variables; `variables` has {len(variables)}."
         )
-    for i, (var, shape, dtype) in enumerate(zip(variables, shapes, dtypes)):
-        if var.shape != shape or var.dtype != dtype:
+    for i, (var, shape, dtype) in enumerate(zip(views, shapes, dtypes)):
+        if tuple(var.shape) != shape or np.dtype(var.dtype) != dtype:
             raise CheckpointError(
-                f"`variables[{i}]` has shape {var.shape} and dtype {var.dtype}; the checkpoint "
-                f"{p} saved shape {shape} and dtype {dtype}."
+                f"`variables[{i}]` has shape {tuple(var.shape)} and dtype {var.dtype}; the "
+                f"checkpoint {p} saved shape {shape} and dtype {dtype}."
             )
-        if not (var.flags.c_contiguous and var.flags.writeable):
+        if isinstance(var, np.ndarray) and not (var.flags.c_contiguous and var.flags.writeable):
             raise ValueError(f"`variables[{i}]` must be C-contiguous and writeable.")
     iterations = meta.get("iterations")
     if not isinstance(iterations, numbers.Integral) or isinstance(iterations, bool) \
@@ -388,7 +423,7 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
         if len(steps) == len(variables):
             optimizer._var_steps = list(steps)
         for (name, i), value in slots.items():
-            np.copyto(optimizer.get_slot(variables[i], name), value)
-    for var, value in zip(variables, values):
-        np.copyto(var, value)
+            _write_into(optimizer.get_slot(variables[i], name), value)
+    for var, value in zip(views, values):
+        _write_into(var, value)
     return meta

@@ -35,6 +35,7 @@ import pytest
 import refopt
 from refopt import IndexedSlices
 from refopt import reference as R
+from refopt.checkpoint import CheckpointError
 
 kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
 
@@ -290,13 +291,127 @@ def test_full_width_launch_on_device(dtype, monkeypatch):
         np.testing.assert_allclose(_host(d), h, rtol=64 * eps, atol=64 * eps)
 
 
-def test_checkpoints_of_cuda_optimizers_are_refused_clearly(tmp_path):
+def _steps(opt, ws, grads):
+    """Apply host gradients ``grads`` (one list per step), on the device if ``ws`` are."""
+    on_device = not isinstance(ws[0], np.ndarray)
+    for gs in grads:
+        opt.apply_gradients(zip([kc.to_device(g) if on_device else g for g in gs], ws))
+
+
+def _grads(rng, shapes, steps, dtype=np.float32):
+    return [[rng.standard_normal(s).astype(dtype) for s in shapes] for _ in range(steps)]
+
+
+CKPT = dict(learning_rate=0.05, amsgrad=True, weight_decay=0.1, use_ema=True,
+            ema_overwrite_frequency=3, clipvalue=0.9)  # elementwise: exact vs reference
+
+
+def test_checkpoint_round_trip_on_cuda_is_bit_identical(tmp_path):
+    rng = np.random.default_rng(5)
+    shapes = [(4, 3), (5,), (0, 2)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = _grads(rng, shapes, 5)
+    # The uninterrupted run, and the reference.
+    ws = [kc.to_device(x) for x in init]
+    full = refopt.Adam(backend="cuda", **CKPT)
+    _steps(full, ws, grads)
+    ref_ws = [x.copy() for x in init]
+    ref = refopt.Adam(backend="reference", **CKPT)
+    _steps(ref, ref_ws, grads)
+    # Interrupted after 3 steps, resumed into new device arrays holding garbage.
+    ws1 = [kc.to_device(x) for x in init]
+    first = refopt.Adam(backend="cuda", **CKPT)
+    _steps(first, ws1, grads[:3])
+    meta = refopt.save_checkpoint(tmp_path / "c.npz", first, ws1)
+    assert meta["iterations"] == 3 and meta["slots"] == ["m", "v", "vhat", "average"]
+    ws2 = [kc.to_device(np.full(s, 7.0, np.float32)) for s in shapes]
+    resumed = refopt.Adam(backend="cuda", **CKPT)
+    refopt.load_checkpoint(tmp_path / "c.npz", resumed, ws2)
+    assert resumed.iterations == 3
+    _steps(resumed, ws2, grads[3:])
+    for a, b, r in zip(ws, ws2, ref_ws):
+        assert_bit_identical(_host(b), _host(a))
+        assert_bit_identical(_host(b), r)
+        for name in resumed.slot_names:
+            assert_bit_identical(_host(resumed.get_slot(b, name)),
+                                 _host(full.get_slot(a, name)))
+            assert_bit_identical(_host(resumed.get_slot(b, name)), ref.get_slot(r, name))
+
+
+@pytest.mark.parametrize("direction", ["cuda->reference", "cpu->cuda"])
+def test_checkpoint_moves_between_cuda_and_host_backends(direction, tmp_path):
+    src, dst = direction.split("->")
+    rng = np.random.default_rng(6)
+    shapes = [(3, 2), (4,)]
+    init = [rng.standard_normal(s) for s in shapes]  # float64
+    grads = _grads(rng, shapes, 4, np.float64)
+
+    def make(backend, values):
+        return [kc.to_device(x) if backend == "cuda" else x.copy() for x in values]
+
+    ref_ws = make("reference", init)
+    ref = refopt.Adam(backend="reference", **CKPT)
+    _steps(ref, ref_ws, grads)
+    ws = make(src, init)
+    a = refopt.Adam(backend=src, **CKPT)
+    _steps(a, ws, grads[:2])
+    refopt.save_checkpoint(tmp_path / "c.npz", a, ws)
+    ws2 = make(dst, [np.zeros(s) for s in shapes])
+    b = refopt.Adam(backend=dst, **CKPT)
+    refopt.load_checkpoint(tmp_path / "c.npz", b, ws2)
+    _steps(b, ws2, grads[2:])
+    for w, r in zip(ws2, ref_ws):
+        host = w if isinstance(w, np.ndarray) else _host(w)
+        assert_bit_identical(host, r)
+        for name in b.slot_names:
+            s = b.get_slot(w, name)
+            assert_bit_identical(s if isinstance(s, np.ndarray) else _host(s),
+                                 ref.get_slot(r, name))
+
+
+def test_lazy_adam_checkpoint_on_cuda_resumes_sparse_steps(tmp_path):
+    rng = np.random.default_rng(8)
+    table = rng.standard_normal((6, 2)).astype(np.float32)
+    grads = [IndexedSlices(rng.standard_normal((3, 2)).astype(np.float32),
+                           np.array(idx), (6, 2)) for idx in ([1, 4, 1], [0, 5, 5], [2, 1, 3])]
+    ref_t = table.copy()
+    ref = refopt.LazyAdam(0.1, backend="reference")
+    for g in grads:
+        ref.apply_gradients([(g, ref_t)])
+    t1 = kc.to_device(table)
+    a = refopt.LazyAdam(0.1, backend="cuda")
+    a.apply_gradients([(grads[0], t1)])
+    refopt.save_checkpoint(tmp_path / "l.npz", a, [t1])
+    t2 = kc.to_device(np.zeros_like(table))
+    b = refopt.LazyAdam(0.1, backend="cuda")
+    refopt.load_checkpoint(tmp_path / "l.npz", b, [t2])
+    for g in grads[1:]:
+        b.apply_gradients([(g, t2)])
+    assert_bit_identical(_host(t2), ref_t)
+    for name in ("m", "v"):
+        assert_bit_identical(_host(b.get_slot(t2, name)), ref.get_slot(ref_t, name))
+
+
+def test_cuda_checkpoint_errors_change_nothing(tmp_path):
     w = kc.to_device(np.ones(4, np.float32))
-    opt = refopt.Adam(0.1, backend="cuda")
-    opt.apply_gradients([(kc.to_device(np.ones(4, np.float32)), w)])
-    with pytest.raises(NotImplementedError, match="backend='cuda'"):
-        refopt.save_checkpoint(tmp_path / "c.npz", opt, [w])
-    assert not (tmp_path / "c.npz").exists()
+    a = refopt.Adam(0.1, backend="cuda")
+    a.apply_gradients([(kc.to_device(np.ones(4, np.float32)), w)])
+    with pytest.raises(TypeError, match="to_device"):
+        refopt.save_checkpoint(tmp_path / "x.npz", a, [np.ones(4, np.float32)])
+    with pytest.raises(TypeError, match="list of the optimizer's variables"):
+        refopt.save_checkpoint(tmp_path / "x.npz", a, w)
+    assert not (tmp_path / "x.npz").exists()
+    refopt.save_checkpoint(tmp_path / "c.npz", a, [w])
+    # A host array, a wrong shape, a wrong dtype: refused, nothing built or written.
+    for bad, err in ((np.zeros(4, np.float32), TypeError),
+                     (kc.to_device(np.full(5, 3.0, np.float32)), CheckpointError),
+                     (kc.to_device(np.full(4, 3.0)), CheckpointError)):
+        b = refopt.Adam(0.1, backend="cuda")
+        with pytest.raises(err):
+            refopt.load_checkpoint(tmp_path / "c.npz", b, [bad])
+        assert not b.built and b.iterations == 0
+        if not isinstance(bad, np.ndarray):
+            assert (_host(bad) == 3.0).all()
 
 
 class _CountLaunches:
