@@ -211,11 +211,41 @@ def test_bad_step_changes_nothing():
     assert opt.iterations == 1
 
 
-def test_non_lazy_sparse_and_float16_refused():
-    dw = kc.to_device(np.ones((3, 2), np.float32))
-    g = IndexedSlices(np.ones((1, 2), np.float32), [1], (3, 2))
-    with pytest.raises(NotImplementedError, match="LazyAdam"):
-        refopt.Adam(backend="cuda").apply_gradients([(g, dw)])
+@pytest.mark.parametrize("cls,kw", [
+    (refopt.Adam, dict(amsgrad=True, weight_decay=0.1, use_ema=True, clipvalue=0.8)),
+    (refopt.AdamW, dict()),
+    (refopt.SGD, dict(momentum=0.9, nesterov=True, weight_decay=0.05)),
+    (refopt.SGD, dict(momentum=0.5, use_ema=True)),
+], ids=["Adam", "AdamW", "SGD-nesterov", "SGD"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_non_lazy_sparse_updates_the_whole_table_as_the_reference(cls, kw, dtype):
+    # tf-keras' non-lazy sparse update: absent rows move too (moments decay, momentum carries
+    # on); duplicates are summed first; an IndexedSlices without rows still steps.
+    rng = np.random.default_rng(9)
+    shape = (6, 3)
+    table = rng.standard_normal(shape).astype(dtype)
+    dense = rng.standard_normal((4,)).astype(dtype)
+    steps = [([4, 0, 4, 4], 4), ([5], 1), ([], 0), ([1, 2, 1], 3)]
+    ref = cls(learning_rate=0.05, backend="reference", **kw)
+    dev = cls(learning_rate=0.05, backend="cuda", **kw)
+    hv = [table.copy(), dense.copy()]
+    dv = [kc.to_device(table), kc.to_device(dense)]
+    for t, (idx, n) in enumerate(steps):
+        if t == 2:
+            row5 = hv[0][5].copy()  # row 5 had a gradient in step 1 only
+        vals = rng.standard_normal((n, 3)).astype(dtype)
+        g = IndexedSlices(vals, np.array(idx, np.int64), shape)
+        gd = rng.standard_normal((4,)).astype(dtype)
+        ref.apply_gradients([(g, hv[0]), (gd, hv[1])])
+        dev.apply_gradients([(g, dv[0]), (kc.to_device(gd), dv[1])])
+        for h, d in zip(hv, dv):
+            assert_bit_identical(_host(d), h)
+            for name in dev.slot_names:
+                assert_bit_identical(_host(dev.get_slot(d, name)), ref.get_slot(h, name))
+    assert (hv[0][5] != row5).all()  # absent from steps 2 and 3, and it moved (momentum)
+
+
+def test_float16_refused():
     with pytest.raises(TypeError, match="float32 or float64"):
         refopt.Adam(backend="cuda").build([kc.to_device(np.ones(2, np.float16))])
 

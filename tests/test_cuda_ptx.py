@@ -131,6 +131,11 @@ def test_kernel_signatures_are_those_of_real_launches(dtype, monkeypatch):
                            use_ema=True, backend="cuda")):
         ws = [kc.to_device(h) for h in host()]
         opt.apply_gradients(zip([kc.to_device(g) for g in host()], ws))
+    for opt in (refopt.Adam(0.1, amsgrad=True, weight_decay=0.1, backend="cuda"),
+                refopt.SGD(0.1, momentum=0.9, backend="cuda")):  # non-lazy sparse
+        table = kc.to_device(rng.standard_normal((5, 2)).astype(dtype))
+        opt.apply_gradients([(IndexedSlices(rng.standard_normal((3, 2)).astype(dtype),
+                                            np.array([4, 0, 4]), (5, 2)), table)])
     table = kc.to_device(rng.standard_normal((5, 2)).astype(dtype))
     lazy = refopt.LazyAdam(0.1, amsgrad=True, use_ema=True, backend="cuda")
     lazy.apply_gradients([(IndexedSlices(rng.standard_normal((3, 2)).astype(dtype),

@@ -36,8 +36,10 @@ Design: one launch per dtype group (multi-tensor apply)
 Everything that can raise is checked (and every scalar, norm, clip factor and table
 computed) before the first launch, so a raising ``apply_gradients`` changes nothing.
 
-Not supported on this backend (clear errors): float16 variables, non-lazy sparse gradients
-(``Adam``/``SGD`` with an IndexedSlices), checkpoints. Never run on a real GPU yet.
+IndexedSlices gradients of ``Adam``/``AdamW``/``SGD`` take tf-keras' non-lazy sparse update of
+the whole variable (``_kernels.adam_sparse_table`` / ``sgd_sparse_table``, one launch per
+sparse tensor). Not supported on this backend (clear error): float16 variables. Never run on
+a real GPU yet.
 """
 
 from __future__ import annotations
@@ -156,12 +158,6 @@ def _check_pairs(opt, grads_and_vars):
             continue
         shape, dtype = tuple(d.shape), np.dtype(d.dtype)
         if isinstance(grad, IndexedSlices):
-            if not opt._lazy_sparse:
-                raise NotImplementedError(
-                    f"Gradient at position {i} is an IndexedSlices: backend='cuda' takes sparse "
-                    "gradients only with LazyAdam in this version. Densify it on the device, "
-                    "or use backend='cpu'."
-                )
             if grad.dense_shape != shape or grad.dtype != dtype:
                 raise ValueError(
                     f"Gradient at position {i} (IndexedSlices) has dense_shape="
@@ -298,12 +294,26 @@ def _prepare(opt, present, lr_value, kc, rclip):
         decays = (opt.weight_decay is not None and id(opt._vars[i]) not in opt._exclude_ids)
         wd = opt.weight_decay if decays else None
         if isinstance(g, IndexedSlices):
-            vals = kc.to_device(np.ascontiguousarray(g.values).reshape(g.values.shape[0], -1)
-                                if g.values.shape[0] else np.zeros((0, 1), g.dtype))
-            vh = state.slots["vhat"][i] if flag else None
-            calls.append((kc.lazy_adam_rows,
-                          (d, state.slots["m"][i], state.slots["v"][i], vh, vals, g.indices),
-                          dict(learning_rate=lr_value, step=step, weight_decay=wd, **hyper)))
+            width = d.size // d.shape[0] if d.size else 1
+            vals = kc.to_device(np.ascontiguousarray(g.values).reshape(g.values.shape[0], width)
+                                if g.values.shape[0] and d.size else np.zeros((0, 1), g.dtype))
+            m_i = state.slots["m"][i]
+            if opt._lazy_sparse:  # LazyAdam: the present rows only
+                vh = state.slots["vhat"][i] if flag else None
+                calls.append((kc.lazy_adam_rows,
+                              (d, m_i, state.slots["v"][i], vh, vals, g.indices),
+                              dict(learning_rate=lr_value, step=step, weight_decay=wd,
+                                   **hyper)))
+            elif kind == "adam":  # tf-keras' non-lazy sparse Adam: the whole table
+                vh = state.slots["vhat"][i] if flag else None
+                calls.append((kc.adam_sparse,
+                              (d, m_i, state.slots["v"][i], vh, vals, g.indices),
+                              dict(learning_rate=lr_value, step=step, weight_decay=wd,
+                                   **hyper)))
+            else:
+                calls.append((kc.sgd_sparse, (d, m_i, vals, g.indices),
+                              dict(learning_rate=lr_value, nesterov=flag, weight_decay=wd,
+                                   **hyper)))
             if ema:
                 calls.append((kc.ema_dense, (state.averages[i], d), ema_kw))
             continue

@@ -9,7 +9,8 @@ import it only for ``backend="cuda"``). Three layers:
   anything with ``__cuda_array_interface__``: CuPy, PyTorch CUDA tensors, see
   :func:`as_device`): ``adam_multi``/``sgd_multi`` (a group of tensors, one launch per up to
   ``config.TENSORS_PER_LAUNCH``), ``adam_dense``/``sgd_dense`` (one tensor),
-  ``lazy_adam_rows``, ``clip_dense``, ``decay_dense``, ``ema_dense``, ``sumsq``, ``copy``.
+  ``lazy_adam_rows``, ``adam_sparse``/``sgd_sparse`` (tf-keras' non-lazy sparse updates of
+  a whole table), ``clip_dense``, ``decay_dense``, ``ema_dense``, ``sumsq``, ``copy``.
   The optimizers' ``backend="cuda"`` path (:mod:`refopt.optimizers._cuda`) calls these.
 - The mirror of :mod:`refopt.reference`, file for file (``adam.py``, ``clipping.py``, ...):
   ``adam_update``, ``lazy_adam_update``, ``sgd_update``, ``apply_weight_decay``,
@@ -17,12 +18,12 @@ import it only for ``backend="cuda"``). Three layers:
   ``ema_update``, with the reference's signatures, checks and result types. They take host
   NumPy arrays, copy them to the device, run the same kernels as the optimizers and return
   new host arrays (inputs untouched). On the simulator the elementwise results are
-  bit-identical to the reference; norms are within a few ulp (float64 tile sums). float16,
-  and the non-lazy sparse updates of ``adam_update``/``sgd_update``, have no device kernel
-  and are computed by the reference on the host.
+  bit-identical to the reference; norms are within a few ulp (float64 tile sums). float16
+  has no device kernel and is computed by the reference on the host.
 
 Set ``config.THREADS_PER_BLOCK`` (and ``ITEMS_PER_THREAD``, ``TENSORS_PER_LAUNCH``) before
-launching to change the launch shape. Never run on a real GPU yet.
+launching to change the launch shape. ``python -m refopt.kernels.cuda.ptx`` compiles every
+kernel to PTX (no GPU needed) and audits it. Never run on a real GPU yet.
 """
 
 from refopt.kernels.cuda import config
@@ -31,6 +32,7 @@ from refopt.kernels.cuda._launch import (  # noqa: F401  (the launchers, public 
     Segments,
     adam_dense,
     adam_multi,
+    adam_sparse,
     as_device,
     clip_args,
     clip_dense,
@@ -43,6 +45,7 @@ from refopt.kernels.cuda._launch import (  # noqa: F401  (the launchers, public 
     require_device,
     sgd_dense,
     sgd_multi,
+    sgd_sparse,
     simulator,
     sorted_rows,
     sumsq,
@@ -71,6 +74,7 @@ __all__ = [
     "adam_dense",
     "adam_multi",
     "adam_scalars",
+    "adam_sparse",
     "adam_update",
     "apply_weight_decay",
     "as_device",
@@ -90,6 +94,7 @@ __all__ = [
     "require_device",
     "sgd_dense",
     "sgd_multi",
+    "sgd_sparse",
     "sgd_update",
     "simulator",
     "sumsq",

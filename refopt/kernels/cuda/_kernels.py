@@ -268,6 +268,100 @@ def _build(tpb, items, dtype):
 
     K.lazy_adam_rows = lazy_adam_rows
 
+    @cuda.jit(device=True)
+    def find_row(urows, r):
+        # Position of row r in the sorted unique rows, or -1 when absent.
+        lo = 0
+        hi = urows.shape[0]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if urows[mid] < r:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < urows.shape[0] and urows[lo] == r:
+            return lo
+        return -1
+
+    @cuda.jit(device=True)
+    def row_sum(vals, order, starts, u, c, zero):
+        # Element c of unique row u's gradient: its duplicates summed from zero in order of
+        # appearance (order is a stable argsort), as IndexedSlices.deduplicate.
+        s = zero
+        for j in range(starts[u], starts[u + 1]):
+            s = add(s, vals[order[j], c])
+        return s
+
+    @cuda.jit
+    def adam_sparse_table(P, M, V, VH, vals, order, starts, urows, zero, ams, decay, wd, lr,
+                          alpha, c1, c2, eps):
+        # tf-keras' non-lazy sparse Adam: one thread per element (r, c) of the whole table.
+        # m <- m + (-m) c1 and v <- v + (-v) c2 everywhere, then the row's summed gradient
+        # s is added (m += s c1, v += (s s) c2) where row r is present, then the AMSGrad
+        # maximum and the update of every element. Weight decay (whole variable) first.
+        k = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        width = P.shape[1]
+        total = P.shape[0] * width
+        while k < total:
+            r = k // width
+            c = k - r * width
+            pi = P[r, c]
+            if decay:
+                pi = sub(pi, mul(mul(pi, wd), lr))
+            mi = M[r, c]
+            mi = add(mi, mul(-mi, c1))
+            vi = V[r, c]
+            vi = add(vi, mul(-vi, c2))
+            u = find_row(urows, r)
+            if u >= 0:
+                s = row_sum(vals, order, starts, u, c, zero)
+                mi = add(mi, mul(s, c1))
+                vi = add(vi, mul(mul(s, s), c2))
+            den = vi
+            if ams:
+                hi = VH[r, c]
+                den = hi if (hi > vi or hi != hi) else vi  # np.maximum(vhat, v)
+                VH[r, c] = den
+            M[r, c] = mi
+            V[r, c] = vi
+            P[r, c] = sub(pi, mul(mi, alpha) / add(math.sqrt(den), eps))
+            k += stride
+
+    K.adam_sparse_table = adam_sparse_table
+
+    @cuda.jit
+    def sgd_sparse_table(P, M, vals, order, starts, urows, zero, nesterov, decay, wd, lr,
+                         mom):
+        # tf-keras' sparse SGD: m <- m mom everywhere, m += (-s) lr on present rows; then
+        # w <- w + m, or (Nesterov) w += (-s) lr on present rows, then w <- w + m mom.
+        k = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        width = P.shape[1]
+        total = P.shape[0] * width
+        while k < total:
+            r = k // width
+            c = k - r * width
+            pi = P[r, c]
+            if decay:
+                pi = sub(pi, mul(mul(pi, wd), lr))
+            mi = mul(M[r, c], mom)
+            u = find_row(urows, r)
+            if u >= 0:
+                a = mul(-row_sum(vals, order, starts, u, c, zero), lr)
+                mi = add(mi, a)
+                if nesterov:
+                    pi = add(pi, a)
+            if nesterov:
+                pi = add(pi, mul(mi, mom))
+            else:
+                pi = add(pi, mi)
+            M[r, c] = mi
+            P[r, c] = pi
+            k += stride
+
+    K.sgd_sparse_table = sgd_sparse_table
+
     @cuda.jit
     def ema_k(avg, p, mu, omu, overwrite):
         i = cuda.grid(1)

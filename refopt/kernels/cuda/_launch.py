@@ -33,9 +33,9 @@ from refopt.reference._common import lr_cast, scalar, tf_cast
 from refopt.reference.adam import adam_scalars
 
 __all__ = [
-    "DTYPES", "Segments", "adam_dense", "adam_multi", "as_device", "clip_dense", "copy",
-    "decay_dense", "ema_dense", "is_device_array", "lazy_adam_rows", "require_device",
-    "sgd_dense", "sgd_multi", "simulator", "sumsq", "to_device",
+    "DTYPES", "Segments", "adam_dense", "adam_multi", "adam_sparse", "as_device", "clip_dense",
+    "copy", "decay_dense", "ema_dense", "is_device_array", "lazy_adam_rows", "require_device",
+    "sgd_dense", "sgd_multi", "sgd_sparse", "simulator", "sumsq", "to_device",
 ]
 
 #: The dtypes the CUDA kernels compute in.
@@ -594,3 +594,100 @@ def lazy_adam_rows(p, m, v, vhat, values, indices, *, learning_rate, beta_1, bet
         P, M, v.reshape(rows, width), vhat.reshape(rows, width) if ams else M, values,
         cuda.to_device(order), cuda.to_device(starts), cuda.to_device(urows), dt.type(0), ams,
         decay, wd, lr, s.alpha, s.one_minus_beta_1, s.one_minus_beta_2, s.epsilon)
+
+
+def _table_inputs(p, values, indices):
+    """``(width, values, order, starts, urows)`` on the device for the sparse table kernels.
+
+    ``values`` become a ``(n, width)`` device array (host rows are copied over). With no
+    index at all, one-element stand-ins make every row absent (``urows = [-1]``): the
+    kernels still update every element (moments decay, the weights move).
+    """
+    width = p.size // p.shape[0]
+    order, starts, urows = sorted_rows(indices)
+    if urows.size == 0:
+        order, starts, urows = (np.zeros(1, np.int64), np.zeros(2, np.int64),
+                                np.full(1, -1, np.int64))
+        values = np.zeros((1, width), np.dtype(p.dtype))
+    if isinstance(values, np.ndarray):
+        values = cuda.to_device(np.ascontiguousarray(values).reshape(-1, width))
+    else:
+        values = values.reshape(values.shape[0], width)
+    return width, values, cuda.to_device(order), cuda.to_device(starts), cuda.to_device(urows)
+
+
+def adam_sparse(p, m, v, vhat, values, indices, *, learning_rate, beta_1, beta_2, epsilon,
+                step, weight_decay=None):
+    """tf-keras' non-lazy sparse Adam on a whole table, in place (one launch).
+
+    Every element of ``p``, ``m``, ``v`` (and ``vhat``) is updated, as
+    :func:`refopt.reference.adam_update` does for an IndexedSlices gradient: the moments
+    decay everywhere, the summed gradient rows (duplicates summed from zero in order of
+    appearance, the bits of :meth:`refopt.IndexedSlices.deduplicate`) are added to the rows
+    present, and every weight moves. One thread owns each element and finds its row among
+    the sorted unique rows by binary search; no atomics.
+
+    Parameters
+    ----------
+    p, m, v : numba device array of float32 or float64, C-contiguous, shape ``(rows, ...)``
+    vhat : device array like ``p`` or None
+    values : ndarray or device array, shape ``(n,) + p.shape[1:]``
+    indices : array_like of int, shape ``(n,)``
+        Validated by the caller (``IndexedSlices``).
+    learning_rate, beta_1, beta_2, epsilon, step
+        As :func:`adam_dense`.
+    weight_decay : float or None
+        Decoupled decay of the whole variable before the update (tf-keras applies it to
+        every element whatever the gradient).
+
+    Raises
+    ------
+    ValueError
+        From :func:`refopt.reference.adam_scalars` (before any launch).
+    """
+    dt = np.dtype(p.dtype)
+    s = adam_scalars(dt, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                     epsilon=epsilon, step=step)
+    if p.size == 0:
+        return
+    decay, wd, lr = _decay_args(dt, weight_decay, learning_rate)
+    width, vals, order, starts, urows = _table_inputs(p, values, indices)
+    rows = p.shape[0]
+    K, tpb = _kset(dt)
+    M = m.reshape(rows, width)
+    ams = vhat is not None
+    K.adam_sparse_table[_grid(p.size, tpb)](
+        p.reshape(rows, width), M, v.reshape(rows, width),
+        vhat.reshape(rows, width) if ams else M, vals, order, starts, urows, dt.type(0), ams,
+        decay, wd, lr, s.alpha, s.one_minus_beta_1, s.one_minus_beta_2, s.epsilon)
+
+
+def sgd_sparse(p, m, values, indices, *, learning_rate, momentum, nesterov=False,
+               weight_decay=None):
+    """tf-keras' sparse SGD on a whole table, in place (one launch).
+
+    As :func:`refopt.reference.sgd_update` with an IndexedSlices gradient: ``m <- m mu``
+    everywhere, ``m += (-s) lr`` on the rows present (``s`` the summed duplicates), then
+    ``w <- w + m``; with Nesterov ``w += (-s) lr`` on the rows present, then
+    ``w <- w + m mu``.
+
+    Parameters
+    ----------
+    p, m : numba device array of float32 or float64, C-contiguous, shape ``(rows, ...)``
+    values, indices
+        As :func:`adam_sparse`.
+    learning_rate, momentum : float
+    nesterov : bool
+    weight_decay : float or None
+        As :func:`adam_sparse`.
+    """
+    if p.size == 0:
+        return
+    dt = np.dtype(p.dtype)
+    decay, wd, lr = _decay_args(dt, weight_decay, learning_rate)
+    width, vals, order, starts, urows = _table_inputs(p, values, indices)
+    rows = p.shape[0]
+    K, tpb = _kset(dt)
+    K.sgd_sparse_table[_grid(p.size, tpb)](
+        p.reshape(rows, width), m.reshape(rows, width), vals, order, starts, urows,
+        dt.type(0), bool(nesterov), decay, wd, lr, tf_cast(dt, momentum))

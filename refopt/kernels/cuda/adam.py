@@ -16,7 +16,7 @@ from refopt.kernels.cuda._common import (
     to_dev,
     to_host,
 )
-from refopt.kernels.cuda._launch import adam_dense
+from refopt.kernels.cuda._launch import adam_dense, adam_sparse
 from refopt.reference.adam import AdamResult, adam_scalars
 
 __all__ = ["AdamResult", "adam_update"]
@@ -54,8 +54,9 @@ def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, 
 
     Notes
     -----
-    float16, empty arrays and ``IndexedSlices`` gradients (tf-keras' non-lazy sparse update,
-    which has no device kernel yet) are computed by the reference on the host.
+    An ``IndexedSlices`` gradient runs tf-keras' non-lazy sparse update on the device
+    (``_kernels.adam_sparse_table``); float16 and empty arrays are computed by the reference
+    on the host.
     """
     param = as_float_array("param", param)
     grad = check_grad(param, grad)
@@ -66,11 +67,13 @@ def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, 
     hp = dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
               step=step)
     adam_scalars(param.dtype, **hp)  # validates the hyperparameters and step
-    if (param.dtype in FALLBACK_DTYPES or param.size == 0
-            or isinstance(grad, IndexedSlices)):
+    if param.dtype in FALLBACK_DTYPES or param.size == 0:
         return _ref.adam_update(param, grad, m, v, vhat, **hp)
     P, M, V = to_dev(param), to_dev(m), to_dev(v)
     VH = None if vhat is None else to_dev(vhat)
-    adam_dense(P, to_dev(grad), M, V, VH, **hp)
+    if isinstance(grad, IndexedSlices):
+        adam_sparse(P, M, V, VH, grad.values, grad.indices, **hp)
+    else:
+        adam_dense(P, to_dev(grad), M, V, VH, **hp)
     return AdamResult(*(None if a is None else to_host(a)
                         for a in (P, M, V, VH)))

@@ -216,6 +216,8 @@ def kernel_signatures(dtype, width):
                        s, b),
         "sgd_multi": (tup, tup, i2, a1, n, a1, a1, n, s, s, s, s, b, b, s, s, b),
         "lazy_adam_rows": (a2, a2, a2, a2, a2, i1, i1, i1, s, b, b, s, s, s, s, s, s),
+        "adam_sparse_table": (a2, a2, a2, a2, a2, i1, i1, i1, s, b, b, s, s, s, s, s, s),
+        "sgd_sparse_table": (a2, a2, a2, i1, i1, i1, s, b, b, s, s, s),
         "ema_k": (a1, a1, s, s, b),
         "clip_k": (a1, a1, n, s, s, s),
         "decay_k": (a1, a1, s, s),
@@ -349,7 +351,7 @@ def main(argv=None):
         for r in kernels:
             ops = " ".join(f"{k}:{v}" for k, v in r.float_ops.items()) or "-"
             verdict = "ok" if not r.problems else "FAIL: " + "; ".join(r.problems)
-            print(f"sm_{r.cc[0]}{r.cc[1]} {r.dtype:7} {r.name:15} params {r.param_bytes:5} B"
+            print(f"sm_{r.cc[0]}{r.cc[1]} {r.dtype:7} {r.name:17} params {r.param_bytes:5} B"
                   f"  {ops}  {verdict}")
         for r in controls:
             fused = "contracted to FMA" if r.problems else "not contracted"

@@ -18,7 +18,7 @@ from refopt.kernels.cuda._common import (
     to_dev,
     to_host,
 )
-from refopt.kernels.cuda._launch import sgd_dense
+from refopt.kernels.cuda._launch import sgd_dense, sgd_sparse
 from refopt.reference.sgd import SGDResult
 
 __all__ = ["SGDResult", "sgd_update"]
@@ -48,9 +48,9 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
 
     Notes
     -----
-    Dense gradients run ``_kernels.sgd_multi`` (one tensor). float16, empty arrays and
-    ``IndexedSlices`` gradients (no device kernel for the non-lazy sparse update yet) are
-    computed by the reference on the host.
+    Dense gradients run ``_kernels.sgd_multi`` (one tensor), ``IndexedSlices`` gradients
+    tf-keras' sparse update of the whole table (``_kernels.sgd_sparse_table``). float16 and
+    empty arrays are computed by the reference on the host.
     """
     param = as_float_array("param", param)
     grad = check_grad(param, grad)
@@ -59,9 +59,11 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
     check_scalar("momentum", momentum)
     nesterov = check_flag("nesterov", nesterov)
     hp = dict(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov)
-    if (param.dtype in FALLBACK_DTYPES or param.size == 0
-            or isinstance(grad, IndexedSlices)):
+    if param.dtype in FALLBACK_DTYPES or param.size == 0:
         return _ref.sgd_update(param, grad, m, **hp)
     P, M = to_dev(param), to_dev(m)
-    sgd_dense(P, to_dev(grad), M, **hp)
+    if isinstance(grad, IndexedSlices):
+        sgd_sparse(P, M, grad.values, grad.indices, **hp)
+    else:
+        sgd_dense(P, to_dev(grad), M, **hp)
     return SGDResult(to_host(P), to_host(M))
