@@ -245,9 +245,46 @@ def test_non_lazy_sparse_updates_the_whole_table_as_the_reference(cls, kw, dtype
     assert (hv[0][5] != row5).all()  # absent from steps 2 and 3, and it moved (momentum)
 
 
-def test_float16_refused():
-    with pytest.raises(TypeError, match="float32 or float64"):
-        refopt.Adam(backend="cuda").build([kc.to_device(np.ones(2, np.float16))])
+@pytest.mark.parametrize("cls,kw", [
+    (refopt.Adam, dict(amsgrad=True, weight_decay=0.1, use_ema=True, clipvalue=0.8)),
+    (refopt.SGD, dict(momentum=0.9, nesterov=True)),
+], ids=["Adam", "SGD"])
+def test_float16_matches_numpy_float16_arithmetic(cls, kw):
+    # float16 runs in float32 on the device, rounded to float16 after each operation: NumPy's
+    # float16 arithmetic, bit for bit, dense and sparse.
+    rng = np.random.default_rng(12)
+    init = [rng.standard_normal((5, 3)).astype(np.float16), np.float16([0.5, -2.0, 1e-4])]
+    ref = cls(learning_rate=0.01, backend="reference", **kw)
+    dev = cls(learning_rate=0.01, backend="cuda", **kw)
+    hv = [x.copy() for x in init]
+    dv = [kc.to_device(x) for x in init]
+    for t in range(4):
+        gt = IndexedSlices(rng.standard_normal((3, 3)).astype(np.float16), [4, 0, 4], (5, 3))
+        gd = rng.standard_normal(3).astype(np.float16)
+        ref.apply_gradients([(gt, hv[0]), (gd, hv[1])])
+        dev.apply_gradients([(gt, dv[0]), (kc.to_device(gd), dv[1])])
+        for h, d in zip(hv, dv):
+            assert_bit_identical(_host(d), h)
+            for name in dev.slot_names:
+                assert_bit_identical(_host(dev.get_slot(d, name)), ref.get_slot(h, name))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_clip_by_value_keeps_numpys_sign_of_zero_per_dtype(dtype):
+    # Regression: np.maximum/np.minimum return the first operand on a tie in float16 and the
+    # second in float32/float64, so clipping [+0, -0] at 0 gives [+0, -0] in float16 but
+    # [-0, -0] in float32/float64; the kernel first kept the float32 rule for float16.
+    g = np.array([0.0, -0.0], dtype)
+    want = np.maximum(np.minimum(g, dtype(0)), -dtype(0))
+    expected_sign = [False, True] if dtype is np.float16 else [True, True]
+    assert np.signbit(want).tolist() == expected_sign  # NumPy's rule, as stated
+    got = kc.clip_by_value(g, 0.0)
+    assert np.signbit(got).tolist() == expected_sign
+
+
+def test_integer_variables_refused():
+    with pytest.raises(TypeError, match="float16, float32 or float64"):
+        refopt.Adam(backend="cuda").build([kc.to_device(np.ones(2, np.int32))])
 
 
 def test_no_gpu_no_simulator_is_one_clear_error():

@@ -38,8 +38,8 @@ computed) before the first launch, so a raising ``apply_gradients`` changes noth
 
 IndexedSlices gradients of ``Adam``/``AdamW``/``SGD`` take tf-keras' non-lazy sparse update of
 the whole variable (``_kernels.adam_sparse_table`` / ``sgd_sparse_table``, one launch per
-sparse tensor). Not supported on this backend (clear error): float16 variables. Never run on
-a real GPU yet.
+sparse tensor). float16 variables are computed in float32 and rounded to float16 after every
+operation (NumPy's float16 arithmetic, bit for bit). Never run on a real GPU yet.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def view(var, where):
     d = kc.as_device(where, var)
     if np.dtype(d.dtype) not in kc.DTYPES:
         raise TypeError(
-            f"backend='cuda' computes in float32 or float64. Received: {where} with "
+            f"backend='cuda' computes in float16, float32 or float64. Received: {where} with "
             f"dtype={d.dtype}"
         )
     if not d.is_c_contiguous():

@@ -19,7 +19,8 @@ import it only for ``backend="cuda"``). Three layers:
   NumPy arrays, copy them to the device, run the same kernels as the optimizers and return
   new host arrays (inputs untouched). On the simulator the elementwise results are
   bit-identical to the reference; norms are within a few ulp (float64 tile sums). float16
-  has no device kernel and is computed by the reference on the host.
+  is computed on the device in float32, rounded to float16 after every operation, as NumPy
+  does. Empty arrays are computed by the reference on the host.
 
 Set ``config.THREADS_PER_BLOCK`` (and ``ITEMS_PER_THREAD``, ``TENSORS_PER_LAUNCH``) before
 launching to change the launch shape. ``python -m refopt.kernels.cuda.ptx`` compiles every

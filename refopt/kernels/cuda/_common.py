@@ -20,9 +20,6 @@ from refopt.reference._common import (  # noqa: F401  (re-exported for the mirro
     scalar,
 )
 
-#: float16 has no device kernel: the mirror computes it with the reference, on the host.
-FALLBACK_DTYPES = (np.dtype(np.float16),)
-
 
 def to_dev(a):
     """A new device array holding ``a`` in C order (the host array is not touched).

@@ -8,16 +8,19 @@ No FMA contraction. With numba-cuda's default options NVVM contracts ``a * b + c
 ``fma.rn`` instruction (checked: the PTX of the plain-operator Adam kernel had 12), which
 rounds once where the reference rounds twice, so a GPU would differ from the reference in
 the last bit. numba-cuda has no switch for NVVM's ``-fma=0`` without ``fastmath``, so every
-``*``, ``+`` and ``-`` of a float in these kernels goes through :func:`ops`: libdevice's
-explicitly rounded ``__nv_fmul_rn`` / ``__nv_fadd_rn`` / ``__nv_fsub_rn`` (``dmul_rn``,
-``dadd_rn`` in float64), which compile to ``mul.rn`` / ``add.rn`` / ``sub.rn`` and which
-neither NVVM nor ptxas fuses (PTX ISA: an instruction with an explicit rounding modifier is
-not contracted). ``math.sqrt`` and ``/`` are IEEE round-to-nearest without ``fastmath``
-(``sqrt.rn``, ``div.rn``). ``python -m refopt.kernels.cuda.ptx`` compiles every kernel to
-PTX without a GPU and audits exactly this. The dense updates (``adam_multi``, ``sgd_multi``) are
-multi-tensor kernels: one launch updates up to ``config.TENSORS_PER_LAUNCH`` tensors, described
-by a segment table (see :class:`refopt.kernels.cuda._launch.Segments`). No ``fastmath``. Only the norm reduction combines
-values, in a fixed order: each block sums one fixed tile (thread ``t`` adds elements
+``*``, ``+``, ``-``, ``/`` and square root of a float in these kernels goes through
+:func:`ops`: libdevice's explicitly rounded ``__nv_fmul_rn`` / ``__nv_fadd_rn`` /
+``__nv_fsub_rn`` / ``__nv_fdiv_rn`` / ``__nv_fsqrt_rn`` (the ``d`` versions in float64), which
+compile to ``mul.rn`` / ``add.rn`` / ``sub.rn`` / ``div.rn`` / ``sqrt.rn`` and which neither
+NVVM nor ptxas fuses (PTX ISA: an instruction with an explicit rounding modifier is not
+contracted). float16 widens each operand to float32, computes there and rounds back (see
+:func:`ops`). ``python -m refopt.kernels.cuda.ptx`` compiles every kernel to
+PTX without a GPU and audits exactly this.
+
+The dense updates (``adam_multi``, ``sgd_multi``) are multi-tensor kernels: one launch updates
+up to ``config.TENSORS_PER_LAUNCH`` tensors, described by a segment table (see
+:class:`refopt.kernels.cuda._launch.Segments`). No ``fastmath``. Only the norm reduction
+combines values, in a fixed order: each block sums one fixed tile (thread ``t`` adds elements
 ``t, t + TPB, ...`` of the tile, then a fixed tree in shared memory), the host adds the block
 sums with ``math.fsum``. Repeated runs give the same bits.
 
@@ -25,8 +28,6 @@ NaN handling follows NumPy: ``minimum``/``maximum`` propagate a NaN from either 
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import cuda, float64
@@ -46,7 +47,7 @@ SEG_COLUMNS = 4
 def get(tpb, items, dtype):
     """The kernels for ``tpb`` threads per block, ``items`` elements per thread and ``dtype``.
 
-    Cached per ``(tpb, items, dtype)``; ``dtype`` is float32 or float64 and selects the
+    Cached per ``(tpb, items, dtype)``; ``dtype`` (float16, float32 or float64) selects the
     explicitly rounded operations of :func:`ops`.
     """
     key = (int(tpb), int(items), np.dtype(dtype))
@@ -55,20 +56,29 @@ def get(tpb, items, dtype):
     return _BUILT[key]
 
 
-def ops(dtype):
-    """``(mul, add, sub)``: device functions of one IEEE round-to-nearest operation each.
+#: The dtypes the kernels are built for.
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
-    On a GPU these are libdevice's ``fmul_rn``/``fadd_rn``/``fsub_rn`` (float32) or
-    ``dmul_rn``/``dadd_rn`` (float64; ``a - b`` as ``dadd_rn(a, -b)``, the same IEEE result),
-    which the compiler never fuses into an FMA; on the simulator the plain operators.
+
+def ops(dtype):
+    """``(mul, add, sub, div, sqrt)``: device functions of one IEEE round-to-nearest operation.
+
+    On a GPU, float32 and float64 use libdevice's explicitly rounded functions
+    (``fmul_rn``/``fadd_rn``/``fsub_rn``/``fdiv_rn``/``fsqrt_rn``; ``dmul_rn``/``dadd_rn``/
+    ``ddiv_rn``/``dsqrt_rn``, ``a - b`` as ``dadd_rn(a, -b)``, the same IEEE result), which
+    the compiler never fuses into an FMA. float16 computes each operation on the operands
+    widened to float32 with those functions and rounds the result to float16 (``cvt.rn``):
+    float32 has more than ``2 * 11 + 2`` significand bits, so this double rounding gives the
+    correctly rounded float16 result, as NumPy's float16 arithmetic (which computes in float32
+    and rounds) does. On the simulator the plain operators and ``np.sqrt`` on NumPy scalars.
 
     Parameters
     ----------
-    dtype : numpy dtype, float32 or float64
+    dtype : numpy dtype, float16, float32 or float64
 
     Returns
     -------
-    tuple of three device functions of two scalars of ``dtype``
+    tuple of five device functions: four of two scalars of ``dtype``, ``sqrt`` of one
 
     Raises
     ------
@@ -76,8 +86,9 @@ def ops(dtype):
         For any other dtype.
     """
     dtype = np.dtype(dtype)
-    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ValueError(f"The CUDA kernels compute in float32 or float64. Received: {dtype}")
+    if dtype not in DTYPES:
+        raise ValueError(
+            f"The CUDA kernels compute in float16, float32 or float64. Received: {dtype}")
     if _SIMULATOR:
         @cuda.jit(device=True)
         def mul(a, b):
@@ -91,18 +102,51 @@ def ops(dtype):
         def sub(a, b):
             return a - b
 
-        return mul, add, sub
-    from numba.cuda import libdevice
+        @cuda.jit(device=True)
+        def div(a, b):
+            return a / b
 
+        @cuda.jit(device=True)
+        def sqrt(a):
+            return np.sqrt(a)
+
+        return mul, add, sub, div, sqrt
+    from numba.cuda import libdevice as ld
+
+    if dtype == np.dtype(np.float64):
+        dadd = ld.dadd_rn
+
+        @cuda.jit(device=True)
+        def dsub(a, b):
+            return dadd(a, -b)
+
+        return ld.dmul_rn, dadd, dsub, ld.ddiv_rn, ld.dsqrt_rn
     if dtype == np.dtype(np.float32):
-        return libdevice.fmul_rn, libdevice.fadd_rn, libdevice.fsub_rn
-    dadd = libdevice.dadd_rn
+        return ld.fmul_rn, ld.fadd_rn, ld.fsub_rn, ld.fdiv_rn, ld.fsqrt_rn
+    fmul, fadd, fsub, fdiv, fsqrt = ld.fmul_rn, ld.fadd_rn, ld.fsub_rn, ld.fdiv_rn, ld.fsqrt_rn
+    h, w = np.float16, np.float32
 
     @cuda.jit(device=True)
-    def dsub(a, b):
-        return dadd(a, -b)
+    def hmul(a, b):
+        return h(fmul(w(a), w(b)))
 
-    return libdevice.dmul_rn, dadd, dsub
+    @cuda.jit(device=True)
+    def hadd(a, b):
+        return h(fadd(w(a), w(b)))
+
+    @cuda.jit(device=True)
+    def hsub(a, b):
+        return h(fsub(w(a), w(b)))
+
+    @cuda.jit(device=True)
+    def hdiv(a, b):
+        return h(fdiv(w(a), w(b)))
+
+    @cuda.jit(device=True)
+    def hsqrt(a):
+        return h(fsqrt(w(a)))
+
+    return hmul, hadd, hsub, hdiv, hsqrt
 
 
 class _Kernels:
@@ -112,16 +156,23 @@ class _Kernels:
 def _build(tpb, items, dtype):
     K = _Kernels()
     K.dtype = dtype
-    mul, add, sub = ops(dtype)
+    mul, add, sub, div, sqrt = ops(dtype)
+    # np.minimum/np.maximum on equal operands (+0 and -0): NumPy's float16 loops return the
+    # first, its float32/float64 loops the second (NumPy 2 on x86-64; the reference is NumPy).
+    tie_first = dtype == np.dtype(np.float16)
 
     @cuda.jit(device=True)
     def clip_one(gi, mode, cv, cden, gscale):
         if mode == 1:  # np.maximum(np.minimum(g, c), -c)
-            t = gi if (gi < cv or gi != gi) else cv
             nc = -cv
-            gi = t if (t > nc or t != t) else nc
+            if tie_first:  # NumPy's float16 loops keep the first operand on a tie
+                t = gi if (gi <= cv or gi != gi) else cv
+                gi = t if (t >= nc or t != t) else nc
+            else:  # its float32/float64 loops the second (seen in the sign of a zero)
+                t = gi if (gi < cv or gi != gi) else cv
+                gi = t if (t > nc or t != t) else nc
         elif mode == 2:  # (g * c) / maximum(norm, c)
-            gi = mul(gi, cv) / cden
+            gi = div(mul(gi, cv), cden)
         elif mode == 3:  # g * scale
             gi = mul(gi, gscale)
         return gi
@@ -138,7 +189,7 @@ def _build(tpb, items, dtype):
         if ams:
             hi = vi if (vi > hi or vi != vi) else hi
             den = hi
-        pi = sub(pi, mul(mi, alpha) / add(math.sqrt(den), eps))
+        pi = sub(pi, div(mul(mi, alpha), add(sqrt(den), eps)))
         return pi, mi, vi, hi
 
     chunk = tpb * items
@@ -325,7 +376,7 @@ def _build(tpb, items, dtype):
                 VH[r, c] = den
             M[r, c] = mi
             V[r, c] = vi
-            P[r, c] = sub(pi, mul(mi, alpha) / add(math.sqrt(den), eps))
+            P[r, c] = sub(pi, div(mul(mi, alpha), add(sqrt(den), eps)))
             k += stride
 
     K.adam_sparse_table = adam_sparse_table

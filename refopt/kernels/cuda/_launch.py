@@ -3,7 +3,7 @@
 Every scalar is computed on the host by the reference's helpers
 (:func:`refopt.reference.adam_scalars`, ``lr_cast``, ``tf_cast``, ``scalar``) and passed rounded
 to the array dtype; the kernels (:mod:`refopt.kernels.cuda._kernels`) do the reference's
-elementwise operations in the same order. float32 and float64 only.
+elementwise operations in the same order. float16, float32 and float64.
 
 Multi-tensor launches (:func:`adam_multi`, :func:`sgd_multi`): the variables and gradients are
 the caller's separate device arrays, passed to the kernel as tuples of arrays (numba flattens
@@ -38,8 +38,9 @@ __all__ = [
     "sgd_dense", "sgd_multi", "sgd_sparse", "simulator", "sumsq", "to_device",
 ]
 
-#: The dtypes the CUDA kernels compute in.
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: The dtypes the CUDA kernels compute in (float16 through float32, rounded after each
+#: operation: see :func:`refopt.kernels.cuda._kernels.ops`).
+DTYPES = _kernels.DTYPES
 
 #: Whether numba runs CUDA code in its simulator (``NUMBA_ENABLE_CUDASIM=1``).
 simulator = hasattr(cuda, "FakeCUDAKernel")
@@ -154,7 +155,7 @@ def copy(dst, src):
 
     Parameters
     ----------
-    dst, src : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    dst, src : numba device array of float16, float32 or float64, C-contiguous, same shape and dtype
     """
     if dst.size == 0:
         return
@@ -183,7 +184,7 @@ def sumsq(g, half=False):
 
     Parameters
     ----------
-    g : numba device array of float32 or float64, C-contiguous, any shape
+    g : numba device array of float16, float32 or float64, C-contiguous, any shape
     half : bool
         Multiply each square by 0.5 (TensorFlow's ``l2_loss``).
 
@@ -209,7 +210,7 @@ def clip_dense(out, g, mode, clip=None, cden=None, gscale=None):
 
     Parameters
     ----------
-    out, g : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    out, g : numba device array of float16, float32 or float64, C-contiguous, same shape and dtype
     mode : int
         0 none, 1 by value, 2 by norm, 3 global scale (see :func:`clip_args`).
     clip, cden, gscale : float or None
@@ -227,7 +228,7 @@ def decay_dense(out, p, *, learning_rate, weight_decay):
 
     Parameters
     ----------
-    out, p : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    out, p : numba device array of float16, float32 or float64, C-contiguous, same shape and dtype
     learning_rate, weight_decay : float
         Rounded as the reference rounds them (``lr`` through float32, ``wd`` as ``tf.cast``).
     """
@@ -244,7 +245,7 @@ def ema_dense(average, p, *, ema_momentum, overwrite=False):
 
     Parameters
     ----------
-    average, p : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    average, p : numba device array of float16, float32 or float64, C-contiguous, same shape and dtype
     ema_momentum : float
         ``mu`` in [0, 1].
     overwrite : bool
@@ -332,7 +333,7 @@ class Segments:
 
         Parameters
         ----------
-        dtype : numpy dtype (float32 or float64)
+        dtype : numpy dtype (float16, float32 or float64)
         values : array_like of float, shape ``(len(sizes),)``, or None
             Per tensor: the norm divisor ``maximum(norm, clip)`` (clip mode 2) or the global
             scale (mode 3), rounded to ``dtype``. None: ones.
@@ -390,7 +391,7 @@ def adam_multi(params, grads, m, v, vhat=None, *, segments, scales=None, learnin
 
     Parameters
     ----------
-    params, grads : sequence of numba device array of float32 or float64, C-contiguous
+    params, grads : sequence of numba device array of float16, float32 or float64, C-contiguous
         Variables (updated in place) and their gradients, ``grads[k]`` of ``params[k]``'s
         shape; all of one dtype.
     m, v : numba device array, 1-d, of that dtype
@@ -443,7 +444,7 @@ def sgd_multi(params, grads, m, *, segments, scales=None, learning_rate, momentu
 
     Parameters
     ----------
-    params, grads : sequence of numba device array of float32 or float64, C-contiguous
+    params, grads : sequence of numba device array of float16, float32 or float64, C-contiguous
         As :func:`adam_multi`.
     m : numba device array, 1-d
         The flat momentum buffer.
@@ -480,7 +481,7 @@ def adam_dense(p, g, m, v, vhat=None, *, learning_rate, beta_1, beta_2, epsilon,
 
     Parameters
     ----------
-    p, g, m, v : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    p, g, m, v : numba device array of float16, float32 or float64, C-contiguous, same shape and dtype
         Variable, gradient, moments; ``p``, ``m``, ``v`` are updated in place.
     vhat : device array like ``p`` or None
         AMSGrad maximum (None: plain Adam).
@@ -520,7 +521,7 @@ def sgd_dense(p, g, m, *, learning_rate, momentum, nesterov=False, weight_decay=
 
     Parameters
     ----------
-    p, g, m : numba device array of float32 or float64, C-contiguous, same shape and dtype
+    p, g, m : numba device array of float16, float32 or float64, C-contiguous, same shape and dtype
         Variable, gradient and momentum buffer (``p`` and ``m`` updated in place).
     learning_rate, momentum : float
     nesterov : bool
@@ -563,7 +564,7 @@ def lazy_adam_rows(p, m, v, vhat, values, indices, *, learning_rate, beta_1, bet
 
     Parameters
     ----------
-    p, m, v : numba device array of float32 or float64, C-contiguous, shape ``(rows, ...)``
+    p, m, v : numba device array of float16, float32 or float64, C-contiguous, shape ``(rows, ...)``
         Table and moments, updated in place on the present rows only.
     vhat : device array like ``p`` or None
     values : ndarray or device array, shape ``(n,) + p.shape[1:]``
@@ -629,7 +630,7 @@ def adam_sparse(p, m, v, vhat, values, indices, *, learning_rate, beta_1, beta_2
 
     Parameters
     ----------
-    p, m, v : numba device array of float32 or float64, C-contiguous, shape ``(rows, ...)``
+    p, m, v : numba device array of float16, float32 or float64, C-contiguous, shape ``(rows, ...)``
     vhat : device array like ``p`` or None
     values : ndarray or device array, shape ``(n,) + p.shape[1:]``
     indices : array_like of int, shape ``(n,)``
@@ -673,7 +674,7 @@ def sgd_sparse(p, m, values, indices, *, learning_rate, momentum, nesterov=False
 
     Parameters
     ----------
-    p, m : numba device array of float32 or float64, C-contiguous, shape ``(rows, ...)``
+    p, m : numba device array of float16, float32 or float64, C-contiguous, shape ``(rows, ...)``
     values, indices
         As :func:`adam_sparse`.
     learning_rate, momentum : float

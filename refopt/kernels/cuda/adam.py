@@ -9,7 +9,6 @@ from __future__ import annotations
 from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
 from refopt.kernels.cuda._common import (
-    FALLBACK_DTYPES,
     as_float_array,
     check_grad,
     check_like,
@@ -55,8 +54,7 @@ def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, 
     Notes
     -----
     An ``IndexedSlices`` gradient runs tf-keras' non-lazy sparse update on the device
-    (``_kernels.adam_sparse_table``); float16 and empty arrays are computed by the reference
-    on the host.
+    (``_kernels.adam_sparse_table``). Empty arrays are computed by the reference on the host.
     """
     param = as_float_array("param", param)
     grad = check_grad(param, grad)
@@ -67,7 +65,7 @@ def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, 
     hp = dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
               step=step)
     adam_scalars(param.dtype, **hp)  # validates the hyperparameters and step
-    if param.dtype in FALLBACK_DTYPES or param.size == 0:
+    if param.size == 0:
         return _ref.adam_update(param, grad, m, v, vhat, **hp)
     P, M, V = to_dev(param), to_dev(m), to_dev(v)
     VH = None if vhat is None else to_dev(vhat)

@@ -16,7 +16,6 @@ import numpy as np
 from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
 from refopt.kernels.cuda._common import (
-    FALLBACK_DTYPES,
     FLOAT_DTYPES,
     check_scalar,
     cuda,
@@ -65,7 +64,7 @@ def clip_by_value(grad, clip_value):
     """
     values = _values("grad", grad)
     check_scalar("clip_value", clip_value)
-    if values.dtype in FALLBACK_DTYPES or values.size == 0:
+    if values.size == 0:
         return _ref.clip_by_value(grad, clip_value)
     return _rewrap(grad, _clipped(values, 1, clip_value))
 
@@ -93,7 +92,7 @@ def clip_by_norm(grad, clip_norm):
     values = _values("grad", grad)
     check_scalar("clip_norm", clip_norm)
     dtype = values.dtype
-    if dtype in FALLBACK_DTYPES or values.size == 0:
+    if values.size == 0:
         return _ref.clip_by_norm(grad, clip_norm)
     c = scalar(dtype, max(clip_norm, 0))
     G = to_dev(values)
@@ -117,7 +116,7 @@ def _same_dtype_values(grads):
             values.append(np.asarray(g))
         else:
             return None
-    if not values or len({v.dtype for v in values}) > 1 or values[0].dtype in FALLBACK_DTYPES:
+    if not values or len({v.dtype for v in values}) > 1:
         return None
     return values
 
@@ -140,7 +139,7 @@ def global_norm(grads):
     ------
     TypeError
         As :func:`refopt.reference.global_norm` (which computes every case this function
-        does not: empty, mixed dtypes, float16, bad arguments).
+        does not: empty, mixed dtypes, bad arguments).
     """
     values = _same_dtype_values(grads)
     if values is None:
@@ -200,7 +199,7 @@ def clip_by_global_norm(grads, clip_norm, use_norm=None):
         values = _values("grads", g)
         with np.errstate(all="ignore"):
             s = values.dtype.type(scale)
-            if values.dtype in FALLBACK_DTYPES or values.size == 0:
+            if values.size == 0:
                 clipped.append(_rewrap(g, values * s))
                 continue
         clipped.append(_rewrap(g, _clipped(values, 3, gscale=s)))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from refopt import reference as _ref
 from refopt.kernels.cuda._common import (
-    FALLBACK_DTYPES,
     as_float_array,
     check_like,
     check_scalar,
@@ -33,8 +32,8 @@ def ema_update(average, param, *, ema_momentum):
     -------
     ndarray
         The new average, a new host array; under the simulator bit-identical to
-        :func:`refopt.reference.ema_update` (tested). float16 and empty arrays are computed
-        by the reference.
+        :func:`refopt.reference.ema_update` (tested). Empty arrays are computed by the
+        reference.
 
     Raises
     ------
@@ -44,7 +43,7 @@ def ema_update(average, param, *, ema_momentum):
     average = as_float_array("average", average)
     param = check_like(average, "param", param)
     check_scalar("ema_momentum", ema_momentum)
-    if average.dtype in FALLBACK_DTYPES or average.size == 0:
+    if average.size == 0:
         return _ref.ema_update(average, param, ema_momentum=ema_momentum)
     A = to_dev(average)
     ema_dense(A, to_dev(param), ema_momentum=ema_momentum)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
 from refopt.kernels.cuda._common import (
-    FALLBACK_DTYPES,
     as_float_array,
     check_grad,
     check_like,
@@ -55,8 +54,7 @@ def lazy_adam_update(
     The tables are copied to the device and back (this function's contract is to return
     new arrays); ``LazyAdam(backend="cuda")`` updates the device tables in place. The
     duplicates are summed from zero in order of appearance by the thread that owns each
-    element of a unique row (``_kernels.lazy_adam_rows``). float16 is computed by the
-    reference on the host.
+    element of a unique row (``_kernels.lazy_adam_rows``).
     """
     if not isinstance(grad, IndexedSlices):
         return adam_update(param, grad, m, v, vhat, learning_rate=learning_rate,
@@ -70,7 +68,7 @@ def lazy_adam_update(
     hp = dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
               step=step)
     adam_scalars(param.dtype, **hp)
-    if param.dtype in FALLBACK_DTYPES or param.size == 0:
+    if param.size == 0:
         return _ref.lazy_adam_update(param, grad, m, v, vhat, **hp)
     P, M, V = to_dev(param), to_dev(m), to_dev(v)
     VH = None if vhat is None else to_dev(vhat)

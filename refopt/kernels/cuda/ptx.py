@@ -4,7 +4,8 @@ The simulator runs the kernels as Python, so it can neither catch a kernel numba
 or lower for a device, nor see what NVVM does to the arithmetic. This module asks numba-cuda
 and NVVM (no driver, no GPU: ``cuda.compile_ptx`` with an explicit compute capability) for
 the PTX of every kernel of :mod:`refopt.kernels.cuda._kernels`, with the argument types the
-launchers in :mod:`refopt.kernels.cuda._launch` pass, in float32 and float64, and checks:
+launchers in :mod:`refopt.kernels.cuda._launch` pass, in float16, float32 and float64, and
+checks:
 
 - **no contraction**: no ``fma`` and no float ``mul`` without an explicit rounding modifier
   (ptxas may fuse a plain ``mul.f32`` with a following add), so each multiply and add rounds
@@ -15,8 +16,10 @@ launchers in :mod:`refopt.kernels.cuda._launch` pass, in float32 and float64, an
   fits CUDA's classic 4 KiB of kernel parameters (4096 bytes, the limit before CUDA 12.1).
 
 It also compiles a *control* kernel written with plain operators, ``out[i] = a[i] * b[i] +
-c[i]``, and reports whether NVVM contracted it: if it did, contraction is on in this
-toolchain and the audit above is not vacuous.
+c[i]``, and reports whether NVVM contracted it: if it did (float32 and float64), contraction
+is on in this toolchain and the audit above is not vacuous. (numba-cuda lowers plain float16
+arithmetic through function calls that are not contracted; the float16 kernels do not use it
+anyway: they compute in float32.)
 
 Run it as ``python -m refopt.kernels.cuda.ptx`` (``--json`` for a machine-readable report,
 ``--cc 8.0 --cc 9.0`` for the targets). It needs numba-cuda (``pip install 'refopt[cuda]'``),
@@ -105,7 +108,7 @@ def float_ops(ptx):
         ins = m.group(1)
         parts = ins.split(".")
         if parts[0] in ("add", "sub", "mul", "fma", "mad", "div", "sqrt", "rcp", "rsqrt") \
-                and parts[-1] in ("f32", "f64"):
+                and parts[-1] in ("f16", "f32", "f64"):
             counts[ins] += 1
     return dict(sorted(counts.items()))
 
@@ -190,7 +193,7 @@ def kernel_signatures(dtype, width):
 
     Parameters
     ----------
-    dtype : numpy dtype, float32 or float64
+    dtype : numpy dtype, float16, float32 or float64
     width : int
         Tensors per multi-tensor launch.
 
@@ -258,7 +261,7 @@ def _require_toolchain():
     return cuda
 
 
-def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float32, np.float64), tpb=256, items=8,
+def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tpb=256, items=8,
                 width=None):
     """Compile every kernel (and the control) to PTX and audit it.
 
@@ -267,7 +270,7 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float32, np.float64), tpb=256, items
     ccs : sequence of (int, int)
         Compute capabilities.
     dtypes : sequence of numpy dtypes
-        float32 and/or float64.
+        float16, float32 and/or float64.
     tpb, items : int
         Threads per block and items per thread the kernels are built for.
     width : int or None

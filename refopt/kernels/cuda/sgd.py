@@ -9,7 +9,6 @@ from __future__ import annotations
 from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
 from refopt.kernels.cuda._common import (
-    FALLBACK_DTYPES,
     as_float_array,
     check_flag,
     check_grad,
@@ -49,8 +48,8 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
     Notes
     -----
     Dense gradients run ``_kernels.sgd_multi`` (one tensor), ``IndexedSlices`` gradients
-    tf-keras' sparse update of the whole table (``_kernels.sgd_sparse_table``). float16 and
-    empty arrays are computed by the reference on the host.
+    tf-keras' sparse update of the whole table (``_kernels.sgd_sparse_table``). Empty
+    arrays are computed by the reference on the host.
     """
     param = as_float_array("param", param)
     grad = check_grad(param, grad)
@@ -59,7 +58,7 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
     check_scalar("momentum", momentum)
     nesterov = check_flag("nesterov", nesterov)
     hp = dict(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov)
-    if param.dtype in FALLBACK_DTYPES or param.size == 0:
+    if param.size == 0:
         return _ref.sgd_update(param, grad, m, **hp)
     P, M = to_dev(param), to_dev(m)
     if isinstance(grad, IndexedSlices):

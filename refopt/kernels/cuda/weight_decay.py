@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from refopt import reference as _ref
 from refopt.kernels.cuda._common import (
-    FALLBACK_DTYPES,
     as_float_array,
     check_scalar,
     cuda,
@@ -32,8 +31,8 @@ def apply_weight_decay(param, *, learning_rate, weight_decay):
     -------
     ndarray
         A new host array; under the simulator bit-identical to
-        :func:`refopt.reference.apply_weight_decay` (tested). float16 and empty arrays are
-        computed by the reference.
+        :func:`refopt.reference.apply_weight_decay` (tested). Empty arrays are computed by the
+        reference.
 
     Raises
     ------
@@ -43,7 +42,7 @@ def apply_weight_decay(param, *, learning_rate, weight_decay):
     param = as_float_array("param", param)
     check_scalar("learning_rate", learning_rate)
     check_scalar("weight_decay", weight_decay)
-    if param.dtype in FALLBACK_DTYPES or param.size == 0:
+    if param.size == 0:
         return _ref.apply_weight_decay(param, learning_rate=learning_rate,
                                        weight_decay=weight_decay)
     out = cuda.device_array(param.shape, param.dtype)
