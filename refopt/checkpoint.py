@@ -293,6 +293,12 @@ def _read(path):
     return meta, arrays
 
 
+def _article(name):
+    """``"an Adam"``, ``"a SGD"``: the name with its indefinite article (by its first letter)."""
+    name = str(name)
+    return ("an " if name[:1].upper() in "AEIOU" and name[:1] else "a ") + name
+
+
 def _expect(arrays, key, shape, dtype, path):
     a = arrays.get(key)
     if a is None or a.shape != shape or a.dtype != dtype:
@@ -357,8 +363,8 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
     p = os.fspath(path)
     if meta.get("class") != type(optimizer).__name__:
         raise CheckpointError(
-            f"{p} holds the state of a {meta.get('class')} optimizer; cannot load it into a "
-            f"{type(optimizer).__name__}."
+            f"{p} holds the state of {_article(meta.get('class'))} optimizer; cannot load it "
+            f"into {_article(type(optimizer).__name__)}."
         )
     saved = {k: v for k, v in meta["config"].items() if k not in _IGNORED_CONFIG_KEYS}
     current = _normalized_config(optimizer)

@@ -26,6 +26,7 @@ Sizes are tiny and ``config.THREADS_PER_BLOCK`` is 4, so every array spans sever
 """
 
 import os
+import warnings
 import subprocess
 import sys
 
@@ -282,6 +283,104 @@ def test_clip_by_value_keeps_numpys_sign_of_zero_per_dtype(dtype):
     assert np.signbit(got).tolist() == expected_sign
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_amsgrad_maximum_keeps_numpys_sign_of_zero_per_dtype(dtype, sparse):
+    # Regression (breaker): np.maximum(vhat, v) with vhat = -0, v = +0 is +0 in float32/64
+    # (second operand) and -0 in float16 (first); with epsilon = -0 the sign decides the
+    # sign of the infinite step. The dense kernel kept the first operand in float32/64 and
+    # the sparse kernel the second in float16.
+    hp = dict(learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=-0.0, step=1)
+    p, m = np.zeros((2, 1), dtype), np.ones((2, 1), dtype)
+    v, vhat = np.zeros((2, 1), dtype), np.full((2, 1), -0.0, dtype)
+    g = IndexedSlices(np.zeros((1, 1), dtype), [0], (2, 1)) if sparse else np.zeros((2, 1), dtype)
+    want = R.adam_update(p, g, m, v, vhat, **hp)
+    got = kc.adam_update(p, g, m, v, vhat, **hp)
+    assert np.signbit(want.vhat).all() == (dtype is np.float16)
+    for a, b in zip(got, want):
+        assert_bit_identical(a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"))
+
+
+def test_gradient_sharing_memory_with_a_variable_is_read_before_the_step():
+    # Regression (breaker): SGD with gradients that are the other variable. The reference
+    # computes every update from the values before the step; cuda updated a first, then read
+    # the new a as b's gradient.
+    a0, b0 = np.arange(1, 5, dtype=np.float32), np.arange(5, 9, dtype=np.float32)
+    ha, hb = a0.copy(), b0.copy()
+    refopt.SGD(learning_rate=0.5, backend="reference").apply_gradients([(hb, ha), (ha, hb)])
+    np.testing.assert_array_equal(hb, [4.5, 5.0, 5.5, 6.0])
+    da, db = kc.to_device(a0), kc.to_device(b0)
+    refopt.SGD(learning_rate=0.5, backend="cuda").apply_gradients([(db, da), (da, db)])
+    assert_bit_identical(_host(da), ha)
+    assert_bit_identical(_host(db), hb)
+    # A slot as the gradient (it is written by the same kernel): the same rule.
+    w, hw = kc.to_device(a0), a0.copy()
+    dev, ref = (refopt.Adam(0.1, backend=b) for b in ("cuda", "reference"))
+    dev.apply_gradients([(kc.to_device(b0), w)])
+    ref.apply_gradients([(b0, hw)])
+    dev.apply_gradients([(dev.get_slot(w, "m"), w)])
+    ref.apply_gradients([(ref.get_slot(hw, "m"), hw)])
+    assert_bit_identical(_host(w), hw)
+    assert_bit_identical(_host(dev.get_slot(w, "v")), ref.get_slot(hw, "v"))
+
+
+def test_overlapping_variables_are_refused_and_nothing_is_built():
+    d = kc.to_device(np.arange(8, dtype=np.float32))
+    opt = refopt.SGD(0.5, backend="cuda")
+    with pytest.raises(ValueError, match=r"var_list\[0\]` and `var_list\[1\]` share device"):
+        opt.apply_gradients([(kc.to_device(np.ones(4, np.float32)), d[0:4]),
+                             (kc.to_device(np.ones(4, np.float32)), d[2:6])])
+    assert not opt.built and opt.iterations == 0
+    np.testing.assert_array_equal(_host(d), np.arange(8))
+    opt.build([d[0:4], d[4:8]])  # adjacent, not overlapping: fine
+    assert opt.built
+
+
+def test_a_single_device_array_is_not_a_list_of_variables():
+    # Regression (breaker): build() iterated a 2-D device array's rows as variables.
+    d = kc.to_device(np.ones((3, 2), np.float32))
+    opt = refopt.Adam(backend="cuda")
+    for call in (opt.build, opt.exclude_from_weight_decay):
+        with pytest.raises(TypeError, match="not a single array"):
+            call(d)
+    assert not opt.built
+
+
+def test_cuda_errors_are_the_references_in_the_references_order():
+    # Regression (breaker): dtype of an IndexedSlices (TypeError, not ValueError), and on a
+    # built optimizer an unknown variable is a KeyError before the all-None check and before
+    # the missing-gradient warning.
+    for backend, to in (("reference", np.asarray), ("cuda", kc.to_device)):
+        w, other = to(np.ones((3, 2), np.float32)), to(np.ones(2, np.float32))
+        opt = refopt.Adam(0.1, backend=backend)
+        with pytest.raises(TypeError, match="IndexedSlices.*dtype=float64"):
+            opt.apply_gradients([(IndexedSlices(np.ones((1, 2)), [0], (3, 2)), w)])
+        opt.apply_gradients([(to(np.ones((3, 2), np.float32)), w)])
+        with pytest.raises(KeyError):
+            opt.apply_gradients([(None, other)])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "Gradients do not exist" warning first
+            with pytest.raises(KeyError):
+                opt.apply_gradients([(None, w), (to(np.ones(2, np.float32)), other)])
+        assert opt.iterations == 1, backend
+
+
+def test_invalid_launch_config_fails_the_first_step_without_building(monkeypatch):
+    # Regression (breaker): with only sparse gradients the bad value surfaced at launch time,
+    # after build.
+    monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 3)
+    t = kc.to_device(np.ones((4, 2), np.float32))
+    opt = refopt.LazyAdam(0.1, backend="cuda")
+    with pytest.raises(ValueError, match="THREADS_PER_BLOCK must be a power of two"):
+        opt.apply_gradients([(IndexedSlices(np.ones((1, 2), np.float32), [1], (4, 2)), t)])
+    assert not opt.built and opt.iterations == 0
+    monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 4)
+    monkeypatch.setattr(kc.config, "TENSORS_PER_LAUNCH", 0)
+    with pytest.raises(ValueError, match="TENSORS_PER_LAUNCH must be an int >= 1"):
+        opt.apply_gradients([(kc.to_device(np.ones((4, 2), np.float32)), t)])
+    assert not opt.built
+
+
 def test_integer_variables_refused():
     with pytest.raises(TypeError, match="float16, float32 or float64"):
         refopt.Adam(backend="cuda").build([kc.to_device(np.ones(2, np.int32))])
@@ -322,7 +421,7 @@ def test_foreign_cuda_array_interface_on_device():
     ref = np.array([1.0, 2.0, 3.0], np.float32)
     refopt.Adam(learning_rate=0.1).apply_gradients([(np.array([0.1, -0.2, 0.3], np.float32),
                                                      ref)])
-    np.testing.assert_allclose(w.cpu().numpy(), ref, rtol=8 * np.finfo(np.float32).eps)
+    assert_bit_identical(w.cpu().numpy(), ref)
 
 
 @gpu
@@ -339,7 +438,8 @@ def test_repeated_runs_identical_bits_on_device():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_full_width_launch_on_device(dtype, monkeypatch):
     """24 tensors in one launch at 256 threads: the tuple arguments fit CUDA's 4 KiB of
-    kernel parameters and the results are within a few ulp of the reference (NVVM's FMA)."""
+    kernel parameters and the results are the reference's, bit for bit (no FMA contraction:
+    every multiply and add is an explicitly rounded libdevice operation)."""
     monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 256)
     monkeypatch.setattr(kc.config, "ITEMS_PER_THREAD", 8)
     assert kc.config.TENSORS_PER_LAUNCH == 24
@@ -354,8 +454,9 @@ def test_full_width_launch_on_device(dtype, monkeypatch):
         ref.apply_gradients(zip(grads, host))
         dev.apply_gradients(zip([kc.to_device(g) for g in grads], dv))
     for h, d in zip(host, dv):
-        eps = np.finfo(dtype).eps  # values are O(1): an absolute bound covers cancellation
-        np.testing.assert_allclose(_host(d), h, rtol=64 * eps, atol=64 * eps)
+        assert_bit_identical(_host(d), h)
+        for name in dev.slot_names:
+            assert_bit_identical(_host(dev.get_slot(d, name)), ref.get_slot(h, name))
 
 
 def _steps(opt, ws, grads):

@@ -6,7 +6,8 @@
   of real launches, recorded on the simulator while the optimizers and the mirror functions
   run: if a launcher changes what it passes, the audit would compile something else.
 - The audit itself, in a subprocess with ``NUMBA_ENABLE_CUDASIM=0`` (numba reads it once per
-  process and this one runs the simulator): every kernel compiles to PTX for sm_80 and sm_90
+  process and this one runs the simulator): every kernel compiles to PTX for sm_80, sm_90 and
+  sm_100
   without a GPU (float16, float32, float64), has no FMA and no approximate or flush-to-zero
   arithmetic, and the 24-tensor
   launches fit the 4 KiB parameter block; the control kernel written with plain operators
@@ -49,6 +50,20 @@ _ENTRY = """
 \tdiv.rn.f32 \t%f8, %f7, %f6;
 \tmul.lo.s64 \t%rd2, %rd1, %rd1;
 \tsetp.lt.f32 \t%p2, %f1, %f2;
+\tex2.approx.ftz.f32 \t%f9, %f8;
+\tadd.rn.f16x2 \t%r9, %r8, %r8;
+}
+"""
+
+# sm_100 and newer qualify pointer parameters; the parameter stays 8 bytes.
+_ENTRY_SM100 = """
+.visible .entry _Z3barPf(
+\t.param .u64 _Z3barPf_param_0,
+\t.param .u64 .ptr .align 1 _Z3barPf_param_1,
+\t.param .u64 .ptr .global .align 16 _Z3barPf_param_2,
+\t.param .f32 _Z3barPf_param_3
+)
+{
 }
 """
 
@@ -57,22 +72,29 @@ def test_param_bytes_follows_the_alignment_of_each_parameter():
     # u64 at 0 (8), f32 at 8 (4), u8 at 12 (1), 56-byte array aligned to 8 at 16 (72),
     # f64 at 72: ends at 80.
     assert ptx.param_bytes(_ENTRY) == 80
+    assert ptx.param_bytes(_ENTRY_SM100) == 28
     with pytest.raises(ValueError, match="no .entry"):
         ptx.param_bytes(".version 8.0\n")
+    with pytest.raises(ValueError, match="Cannot read"):
+        ptx.param_bytes(".entry k(\n.param .weird x\n)")
 
 
 def test_float_ops_counts_float_arithmetic_only():
-    assert ptx.float_ops(_ENTRY) == {"add.rn.f32": 1, "div.rn.f32": 1, "fma.rn.f32": 1,
-                                     "mul.f32": 1, "mul.rn.f64": 1, "sqrt.approx.ftz.f32": 1}
+    assert ptx.float_ops(_ENTRY) == {"add.rn.f16x2": 1, "add.rn.f32": 1, "div.rn.f32": 1,
+                                     "fma.rn.f32": 1, "mul.f32": 1, "mul.rn.f64": 1,
+                                     "sqrt.approx.ftz.f32": 1}
+    # .approx/.ftz on any instruction, not only arithmetic
+    assert ptx.approximations(_ENTRY) == {"ex2.approx.ftz.f32": 1, "sqrt.approx.ftz.f32": 1}
 
 
 def test_audit_flags_fma_unrounded_mul_approx_and_ftz_only():
-    problems = ptx.audit_ops(ptx.float_ops(_ENTRY))
-    assert len(problems) == 4
+    problems = ptx.audit_ops({**ptx.float_ops(_ENTRY), **ptx.approximations(_ENTRY)})
+    assert len(problems) == 6
     assert any("fma.rn.f32" in p and "fused" in p for p in problems)
     assert any("mul.f32" in p and "rounding modifier" in p for p in problems)
     assert any("sqrt.approx.ftz.f32" in p and "approximate" in p for p in problems)
     assert any("sqrt.approx.ftz.f32" in p and "subnormals" in p for p in problems)
+    assert any("ex2.approx.ftz.f32" in p and "approximate" in p for p in problems)
     assert ptx.audit_ops({"mul.rn.f32": 3, "add.rn.f64": 2, "div.rn.f32": 1,
                           "sqrt.rn.f64": 1, "add.f64": 4}) == []
 
@@ -177,7 +199,7 @@ def test_every_kernel_compiles_to_ptx_without_fma_or_approximations():
     names = {k["name"] for k in report["kernels"]}
     assert names == set(ptx.kernel_signatures(np.float32, 24))
     assert {(k["dtype"], k["cc"]) for k in report["kernels"]} == {
-        (d, c) for d in ("float16", "float32", "float64") for c in ("8.0", "9.0")}
+        (d, c) for d in ("float16", "float32", "float64") for c in ("8.0", "9.0", "10.0")}
     # float16 computes in float32: no float16 arithmetic instruction at all.
     for k in report["kernels"]:
         if k["dtype"] == "float16":
@@ -196,7 +218,7 @@ def test_every_kernel_compiles_to_ptx_without_fma_or_approximations():
 def test_the_control_kernel_is_contracted_so_the_audit_is_not_vacuous():
     _, report = _run_audit()
     controls = [c for c in report["controls"] if c["dtype"] != "float16"]
-    assert len(controls) == 4  # float32 and float64, sm_80 and sm_90
+    assert len(controls) == 6  # float32 and float64; sm_80, sm_90 and sm_100
     for c in controls:
         fma = "fma.rn.f32" if c["dtype"] == "float32" else "fma.rn.f64"
         assert c["float_ops"].get(fma, 0) >= 1, c

@@ -2,10 +2,12 @@
 
 Variables, gradients and state live on the GPU. A variable is the caller's object (a numba
 device array, or anything with ``__cuda_array_interface__``: CuPy, PyTorch CUDA tensors),
-identified by object identity and updated in place through a numba view of its memory. Dense
-gradients are device arrays of the variable's shape and dtype; ``LazyAdam`` also takes
-:class:`~refopt.IndexedSlices` gradients (host ``values`` and ``indices``, copied over each
-step).
+identified by object identity and updated in place through a numba view of its memory;
+variables must not share device memory (refused at build). Dense gradients are device arrays
+of the variable's shape and dtype (a gradient that shares memory with a variable or the state
+is copied first, as ``backend="cpu"`` does, so the result is the reference's); every optimizer
+also takes :class:`~refopt.IndexedSlices` gradients (host ``values`` and ``indices``, copied
+over each step).
 
 Design: one launch per dtype group (multi-tensor apply)
 --------------------------------------------------------
@@ -48,6 +50,8 @@ import warnings
 
 import numpy as np
 
+import bisect
+
 from refopt.indexed_slices import IndexedSlices
 
 
@@ -55,6 +59,63 @@ def _kc():
     from refopt.kernels import cuda as kc
 
     return kc
+
+
+def _byte_bounds(a):
+    try:
+        from numpy.lib.array_utils import byte_bounds  # NumPy >= 2
+    except ImportError:  # pragma: no cover - NumPy 1.x
+        byte_bounds = np.byte_bounds
+    return byte_bounds(a)
+
+
+def extent(d):
+    """``(first byte, end byte)`` of the memory of a C-contiguous device array, or None if empty.
+
+    On a GPU the device address from ``__cuda_array_interface__``; on the simulator the bounds
+    of the host memory behind the simulated array.
+    """
+    if d.size == 0:
+        return None
+    if _kc().simulator:
+        lo, hi = _byte_bounds(d._ary)
+        return int(lo), int(hi)
+    ptr = int(d.__cuda_array_interface__["data"][0])
+    return ptr, ptr + d.size * np.dtype(d.dtype).itemsize
+
+
+def check_var_list(var_list, what):
+    """Refuse a single device array given as a list, and variables that share device memory.
+
+    Raises
+    ------
+    TypeError
+        If ``var_list`` is itself one device array (iterating it would give its rows).
+    ValueError
+        If two variables overlap in device memory: the kernels update every variable in place
+        in parallel, so the reference's order of writes could not be reproduced.
+    """
+    kc = _kc()
+    if hasattr(var_list, "__cuda_array_interface__") or kc.is_device_array(var_list):
+        raise TypeError(
+            f"`{what}` must be a list of device arrays, not a single array. Received: "
+            f"{type(var_list).__name__} of shape {tuple(var_list.shape)}")
+    return var_list
+
+
+def check_no_overlap(views, what):
+    """Raise ``ValueError`` naming two of ``views`` (variables) that share device memory."""
+    spans = sorted((e[0], e[1], i) for i, e in enumerate(map(extent, views)) if e is not None)
+    end, owner = -1, None
+    for lo, hi, i in spans:
+        if lo < end:
+            a, b = sorted((owner, i))
+            raise ValueError(
+                f"`{what}[{a}]` and `{what}[{b}]` share device memory: backend='cuda' updates "
+                "every variable in place in parallel, so variables must not overlap. Pass "
+                "separate arrays, or use backend='cpu'.")
+        if hi > end:
+            end, owner = hi, i
 
 
 def view(var, where):
@@ -106,6 +167,7 @@ class CudaState:
     def __init__(self, var_list, slot_names, use_ema):
         kc = _kc()
         self.views = [view(v, f"var_list[{i}]") for i, v in enumerate(var_list)]
+        check_no_overlap(self.views, "var_list")
         self.dtypes = [np.dtype(d.dtype) for d in self.views]
         self.offsets = []
         totals = {}
@@ -121,6 +183,19 @@ class CudaState:
         for a, d in zip(self.averages, self.views):
             kc.copy(a, d)
         self._tables = {}
+        # Memory the kernels write (variables and the flat state), sorted, non-overlapping.
+        written = [extent(d) for d in self.views]
+        written += [extent(b) for bufs in self.buffers.values() for b in bufs.values()]
+        self._written = sorted(e for e in written if e is not None)
+        self._written_starts = [e[0] for e in self._written]
+
+    def aliases(self, g):
+        """Whether device array ``g`` shares memory with a variable or the state."""
+        e = extent(g)
+        if e is None:
+            return False
+        k = bisect.bisect_right(self._written_starts, e[1] - 1) - 1
+        return k >= 0 and self._written[k][1] > e[0]
 
     def _view(self, i, name):
         d = self.views[i]
@@ -158,11 +233,15 @@ def _check_pairs(opt, grads_and_vars):
             continue
         shape, dtype = tuple(d.shape), np.dtype(d.dtype)
         if isinstance(grad, IndexedSlices):
-            if grad.dense_shape != shape or grad.dtype != dtype:
+            if grad.dense_shape != shape:
                 raise ValueError(
                     f"Gradient at position {i} (IndexedSlices) has dense_shape="
-                    f"{grad.dense_shape}, dtype={grad.dtype}; its variable has shape={shape}, "
-                    f"dtype={dtype}."
+                    f"{grad.dense_shape}, but its variable has shape={shape}."
+                )
+            if grad.dtype != dtype:
+                raise TypeError(
+                    f"Gradient at position {i} (IndexedSlices) has dtype={grad.dtype}, but "
+                    f"its variable has dtype={dtype}; cast the gradient values."
                 )
             out.append((grad, var, d))
             continue
@@ -194,6 +273,13 @@ def apply_gradients(opt, grads_and_vars, lr_value):
         return opt._iterations
     if opt._iterations >= _INT64_MAX:
         raise OverflowError(f"`iterations` is {opt._iterations}; one more step would overflow.")
+    kc.check_config()
+    if opt._built:  # the reference's order: unknown variables (KeyError) before the rest
+        for k, (_, var, d) in enumerate(pairs):
+            shape, dtype = opt._var_specs[opt._position(var)]
+            if tuple(d.shape) != shape or np.dtype(d.dtype) != dtype:
+                raise ValueError(
+                    f"The variable at position {k} changed shape or dtype after build.")
     present = [(g, var, d) for g, var, d in pairs if g is not None]
     if not present:
         raise ValueError(
@@ -230,13 +316,17 @@ def _prepare(opt, present, lr_value, kc, rclip):
             f"{type(opt).__name__} defines its own update; backend='cuda' has kernels only "
             "for the updates of Adam, AdamW, LazyAdam and SGD.")
     state = opt._cuda
-    positions = [opt._position(var) for _, var, _ in present]
-    for k, (i, (_, var, d)) in enumerate(zip(positions, present)):
-        shape, dtype = opt._var_specs[i]
-        if tuple(d.shape) != shape or np.dtype(d.dtype) != dtype:
-            raise ValueError(f"The variable at position {k} changed shape or dtype after build.")
+    positions = [opt._position(var) for _, var, _ in present]  # checked in apply_gradients
     step = opt._iterations + 1
-    grads = [g for g, _, _ in present]
+    # A dense gradient that shares memory with what the kernels write (a variable, a slot) is
+    # copied first, so that it is read as it was before the step (the reference's semantics).
+    grads = []
+    for g, _, _ in present:
+        if not isinstance(g, IndexedSlices) and state.aliases(g):
+            copy = kc.cuda.device_array(g.shape, g.dtype)
+            kc.copy(copy, g)
+            g = copy
+        grads.append(g)
     # Clipping (tf-keras: clipnorm, else global_clipnorm, else clipvalue). Dense gradients are
     # clipped inside the fused kernel; sparse values on the host by the reference.
     dense_clip = [(0,)] * len(grads)

@@ -541,6 +541,10 @@ class Optimizer:
             )
 
     def _check_var_list(self, var_list, what="var_list"):
+        if self.backend == "cuda":
+            from refopt.optimizers import _cuda
+
+            var_list = _cuda.check_var_list(var_list, what)
         if isinstance(var_list, np.ndarray):
             raise TypeError(
                 f"`{what}` must be a list of arrays, not a single array. Received: "

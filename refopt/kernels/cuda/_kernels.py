@@ -159,18 +159,25 @@ def _build(tpb, items, dtype):
     mul, add, sub, div, sqrt = ops(dtype)
     # np.minimum/np.maximum on equal operands (+0 and -0): NumPy's float16 loops return the
     # first, its float32/float64 loops the second (NumPy 2 on x86-64; the reference is NumPy).
+    # NaN from either side propagates, as in NumPy.
     tie_first = dtype == np.dtype(np.float16)
+
+    @cuda.jit(device=True)
+    def minimum(a, b):  # np.minimum(a, b) in this dtype
+        if tie_first:
+            return a if (a <= b or a != a) else b
+        return a if (a < b or a != a) else b
+
+    @cuda.jit(device=True)
+    def maximum(a, b):  # np.maximum(a, b) in this dtype
+        if tie_first:
+            return a if (a >= b or a != a) else b
+        return a if (a > b or a != a) else b
 
     @cuda.jit(device=True)
     def clip_one(gi, mode, cv, cden, gscale):
         if mode == 1:  # np.maximum(np.minimum(g, c), -c)
-            nc = -cv
-            if tie_first:  # NumPy's float16 loops keep the first operand on a tie
-                t = gi if (gi <= cv or gi != gi) else cv
-                gi = t if (t >= nc or t != t) else nc
-            else:  # its float32/float64 loops the second (seen in the sign of a zero)
-                t = gi if (gi < cv or gi != gi) else cv
-                gi = t if (t > nc or t != t) else nc
+            gi = maximum(minimum(gi, cv), -cv)
         elif mode == 2:  # (g * c) / maximum(norm, c)
             gi = div(mul(gi, cv), cden)
         elif mode == 3:  # g * scale
@@ -187,7 +194,7 @@ def _build(tpb, items, dtype):
         vi = add(vi, mul(sub(mul(gi, gi), vi), c2))
         den = vi
         if ams:
-            hi = vi if (vi > hi or vi != vi) else hi
+            hi = maximum(hi, vi)  # np.maximum(vhat, v)
             den = hi
         pi = sub(pi, div(mul(mi, alpha), add(sqrt(den), eps)))
         return pi, mi, vi, hi
@@ -372,7 +379,7 @@ def _build(tpb, items, dtype):
             den = vi
             if ams:
                 hi = VH[r, c]
-                den = hi if (hi > vi or hi != hi) else vi  # np.maximum(vhat, v)
+                den = maximum(hi, vi)  # np.maximum(vhat, v)
                 VH[r, c] = den
             M[r, c] = mi
             V[r, c] = vi

@@ -33,8 +33,8 @@ from refopt.reference._common import lr_cast, scalar, tf_cast
 from refopt.reference.adam import adam_scalars
 
 __all__ = [
-    "DTYPES", "Segments", "adam_dense", "adam_multi", "adam_sparse", "as_device", "clip_dense",
-    "copy", "decay_dense", "ema_dense", "is_device_array", "lazy_adam_rows", "require_device",
+    "DTYPES", "Segments", "adam_dense", "adam_multi", "adam_sparse", "as_device",
+    "check_config", "clip_dense", "copy", "decay_dense", "ema_dense", "is_device_array", "lazy_adam_rows", "require_device",
     "sgd_dense", "sgd_multi", "sgd_sparse", "simulator", "sumsq", "to_device",
 ]
 
@@ -63,9 +63,22 @@ def require_device():
         )
 
 
+def check_config():
+    """Raise ``ValueError`` naming the first invalid value of :mod:`refopt.kernels.cuda.config`.
+
+    The optimizers call it before building or launching anything, so that a bad launch shape
+    fails a step without changing anything.
+    """
+    _tpb()
+    for name in ("ITEMS_PER_THREAD", "TENSORS_PER_LAUNCH", "MAX_BLOCKS"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config.{name} must be an int >= 1. Received: {value!r}")
+
+
 def _tpb():
-    tpb = int(config.THREADS_PER_BLOCK)
-    if tpb < 1 or tpb & (tpb - 1):
+    tpb = config.THREADS_PER_BLOCK
+    if not isinstance(tpb, int) or isinstance(tpb, bool) or tpb < 1 or tpb & (tpb - 1):
         raise ValueError(
             f"config.THREADS_PER_BLOCK must be a power of two. Received: {tpb}")
     return tpb

@@ -22,7 +22,7 @@ arithmetic through function calls that are not contracted; the float16 kernels d
 anyway: they compute in float32.)
 
 Run it as ``python -m refopt.kernels.cuda.ptx`` (``--json`` for a machine-readable report,
-``--cc 8.0 --cc 9.0`` for the targets). It needs numba-cuda (``pip install 'refopt[cuda]'``),
+``--cc 8.0 --cc 9.0`` for the targets; default 8.0, 9.0 and 10.0). It needs numba-cuda (``pip install 'refopt[cuda]'``),
 libNVVM and NVRTC (a CUDA toolkit, or ``pip install 'numba-cuda[cu13]'``), and
 ``NUMBA_ENABLE_CUDASIM`` unset or ``0``. Exit status: 0 when every kernel passes, 1 when one
 fails, 2 when the toolchain is missing or the simulator is on.
@@ -47,10 +47,10 @@ import numpy as np
 #: CUDA's classic limit on a kernel's parameters, in bytes.
 PARAM_LIMIT = 4096
 
-#: The compute capabilities compiled by default: A100 (8.0) and H100/H200 (9.0).
-DEFAULT_CCS = ((8, 0), (9, 0))
+#: The compute capabilities compiled by default: A100 (8.0), H100/H200 (9.0), B200 (10.0).
+DEFAULT_CCS = ((8, 0), (9, 0), (10, 0))
 
-_FLOAT_INSTR = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z]+(?:\.[a-z0-9]+)*)\s")
+_INSTR = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9]*(?:\.[a-z0-9]+)*)\s")
 
 
 @dataclass
@@ -62,13 +62,14 @@ class KernelPTX:
     name : str
         The kernel's name in :mod:`refopt.kernels.cuda._kernels` (or ``"control"``).
     dtype : str
-        ``"float32"`` or ``"float64"``.
+        ``"float16"``, ``"float32"`` or ``"float64"``.
     cc : tuple of int
         The compute capability compiled for.
     param_bytes : int
         Size of the kernel's parameter block (with alignment), in bytes.
     float_ops : dict of str to int
-        Count of each float arithmetic instruction (``mul.rn.f32``, ``fma.rn.f64``, ...).
+        Count of each float arithmetic instruction (``mul.rn.f32``, ``fma.rn.f64``, ...), and
+        of any instruction with an ``.approx`` or ``.ftz`` modifier.
     problems : list of str
         What the audit found (empty: the kernel passes).
     """
@@ -98,18 +99,39 @@ def float_ops(ptx):
     dict of str to int
         Instruction (with its modifiers, e.g. ``"add.rn.f32"``) to count, for ``add``,
         ``sub``, ``mul``, ``fma``, ``mad``, ``div``, ``sqrt``, ``rcp`` and ``rsqrt`` on
-        ``f32``/``f64``.
+        ``f16``/``f16x2``/``bf16``/``bf16x2``/``f32``/``f64``.
     """
     counts = collections.Counter()
-    for line in ptx.splitlines():
-        m = _FLOAT_INSTR.match(line)
-        if not m:
-            continue
-        ins = m.group(1)
+    for ins in _instructions(ptx):
         parts = ins.split(".")
         if parts[0] in ("add", "sub", "mul", "fma", "mad", "div", "sqrt", "rcp", "rsqrt") \
-                and parts[-1] in ("f16", "f32", "f64"):
+                and parts[-1] in ("f16", "f16x2", "bf16", "bf16x2", "f32", "f64"):
             counts[ins] += 1
+    return dict(sorted(counts.items()))
+
+
+def _instructions(ptx):
+    """The opcode (with its modifiers) of every instruction line of a PTX text."""
+    for line in ptx.splitlines():
+        m = _INSTR.match(line)
+        if m:
+            yield m.group(1)
+
+
+def approximations(ptx):
+    """Count the instructions of any kind with an ``.approx`` or ``.ftz`` modifier.
+
+    Parameters
+    ----------
+    ptx : str
+
+    Returns
+    -------
+    dict of str to int
+        E.g. ``{"ex2.approx.ftz.f32": 2}``; empty when there is none.
+    """
+    counts = collections.Counter(ins for ins in _instructions(ptx)
+                                 if {"approx", "ftz"} & set(ins.split(".")))
     return dict(sorted(counts.items()))
 
 
@@ -144,7 +166,9 @@ def param_bytes(ptx):
     """Size in bytes of the parameter block of the (one) ``.entry`` in ``ptx``.
 
     Each ``.param`` is placed at the next multiple of its alignment (its size for the scalar
-    types, ``.align N`` for byte arrays), as CUDA lays out kernel parameters.
+    types, ``.align N`` for byte arrays), as CUDA lays out kernel parameters. A pointer
+    attribute (``.param .u64 .ptr .align 1 p``, emitted for sm_100 and newer) qualifies the
+    memory pointed to and does not change the parameter's size.
 
     Parameters
     ----------
@@ -172,7 +196,10 @@ def param_bytes(ptx):
         if arr:
             align, size = int(arr.group(1)), int(arr.group(2))
         else:
-            sc = re.match(r"\.param\s+\.[a-z](\d+)\s+\S+$", decl)
+            # A pointer attribute (".ptr [.space] .align N", sm_100 and newer) describes the
+            # memory pointed to; the parameter itself keeps its type's size and alignment.
+            sc = re.match(r"\.param\s+\.[a-z](\d+)(?:\s+\.ptr(?:\s+\.(?:global|const|local|"
+                          r"shared))?(?:\s+\.align\s+\d+)?)?\s+\S+$", decl)
             if not sc:
                 raise ValueError(f"Cannot read the parameter declaration {decl!r}")
             align = size = sizes[sc.group(1)]
@@ -303,7 +330,7 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
                 K = _kernels.get(tpb, items, dt)
                 for name, sig in kernel_signatures(dt, width).items():
                     ptx, _ = cuda.compile_ptx(getattr(K, name).py_func, sig, cc=tuple(cc))
-                    ops = float_ops(ptx)
+                    ops = {**float_ops(ptx), **approximations(ptx)}
                     r = KernelPTX(name, dt.name, tuple(cc), param_bytes(ptx), ops,
                                   audit_ops(ops))
                     if r.param_bytes > PARAM_LIMIT:
@@ -312,19 +339,18 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
                     reports.append(r)
                 a = typeof(np.zeros(2, dt))
                 ptx, _ = cuda.compile_ptx(_control, (a, a, a, a), cc=tuple(cc))
-                ops = float_ops(ptx)
+                ops = {**float_ops(ptx), **approximations(ptx)}
                 reports.append(KernelPTX("control", dt.name, tuple(cc), param_bytes(ptx), ops,
                                          audit_ops(ops)))
     return reports
 
 
 def _cc(text):
-    try:
-        major, minor = text.split(".")
-        return int(major), int(minor)
-    except ValueError:
+    m = re.fullmatch(r"(\d+)\.(\d+)", text.strip())
+    if not m or int(m.group(1)) < 1:
         raise argparse.ArgumentTypeError(
-            f"--cc takes MAJOR.MINOR, e.g. 9.0. Received: {text!r}") from None
+            f"--cc takes MAJOR.MINOR with MAJOR >= 1, e.g. 9.0. Received: {text!r}")
+    return int(m.group(1)), int(m.group(2))
 
 
 def main(argv=None):
@@ -334,14 +360,19 @@ def main(argv=None):
                     "FMA contraction, no approximate or flush-to-zero arithmetic, kernel "
                     "parameters within 4 KiB.")
     parser.add_argument("--cc", type=_cc, action="append",
-                        help="compute capability MAJOR.MINOR (repeatable; default 8.0 and 9.0)")
+                        help="compute capability MAJOR.MINOR (repeatable; default 8.0, 9.0 "
+                             "and 10.0)")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
     args = parser.parse_args(argv)
+    ccs = list(dict.fromkeys(args.cc)) if args.cc else list(DEFAULT_CCS)
     try:
-        reports = compile_all(ccs=args.cc or DEFAULT_CCS)
-    except Exception as exc:  # the toolchain is missing: say so, exit 2
+        reports = compile_all(ccs=ccs)
+    except Exception as exc:  # the simulator is on, the toolchain or a target is missing
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"cannot compile to PTX: {type(exc).__name__}: {msg}", file=sys.stderr)
+        msg = f"cannot compile to PTX: {type(exc).__name__}: {msg}"
+        print(msg, file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": msg, "passed": False}))
         return 2
     kernels = [r for r in reports if r.name != "control"]
     controls = [r for r in reports if r.name == "control"]
