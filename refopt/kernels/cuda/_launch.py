@@ -478,13 +478,28 @@ def sgd_multi(params, grads, m, *, segments, scales=None, learning_rate, momentu
             use_ema, mu, omu, ow)
 
 
+#: One-tensor segment tables of :func:`adam_dense`/:func:`sgd_dense`, per size, decay flag
+#: and launch shape: built once (a host-to-device copy) instead of at every call.
+_ONE_TENSOR_TABLES = {}
+
+
 def _one(p, clip, weight_decay):
     """A one-tensor segment table, its clip factor and ``(mode, threshold)``."""
     dt = np.dtype(p.dtype)
-    seg = Segments([p.size], [0], [weight_decay is not None])
+    key = (p.size, weight_decay is not None, config.THREADS_PER_BLOCK,
+           config.ITEMS_PER_THREAD, config.TENSORS_PER_LAUNCH)
+    seg = _ONE_TENSOR_TABLES.get(key)
+    if seg is None:
+        if len(_ONE_TENSOR_TABLES) >= 64:
+            _ONE_TENSOR_TABLES.clear()
+        seg = _ONE_TENSOR_TABLES[key] = Segments([p.size], [0], [weight_decay is not None])
     mode, _, cden, gscale = clip_args(dt, *clip)
     threshold = clip[1] if mode in (1, 2) else None
-    return seg, seg.scales(dt, [cden if mode == 2 else gscale]), (mode, threshold)
+    if mode in (2, 3):
+        scales = seg.scales(dt, [cden if mode == 2 else gscale])
+    else:
+        scales = seg.ones(dt)  # cached on the device
+    return seg, scales, (mode, threshold)
 
 
 def adam_dense(p, g, m, v, vhat=None, *, learning_rate, beta_1, beta_2, epsilon, step,
