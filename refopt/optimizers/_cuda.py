@@ -72,7 +72,7 @@ def _byte_bounds(a):
 def extent(d):
     """``(first byte, end byte)`` of the memory of a C-contiguous device array, or None if empty.
 
-    On a GPU the device address from ``__cuda_array_interface__``; on the simulator the bounds
+    On a GPU the device address of the numba device array ``d``; on the simulator the bounds
     of the host memory behind the simulated array.
     """
     if d.size == 0:
@@ -80,7 +80,8 @@ def extent(d):
     if _kc().simulator:
         lo, hi = _byte_bounds(d._ary)
         return int(lo), int(hi)
-    ptr = int(d.__cuda_array_interface__["data"][0])
+    # device_ctypes_pointer: cheaper than building the __cuda_array_interface__ dict
+    ptr = d.device_ctypes_pointer.value or 0
     return ptr, ptr + d.size * np.dtype(d.dtype).itemsize
 
 
