@@ -46,11 +46,10 @@ operation (NumPy's float16 arithmetic, bit for bit). Never run on a real GPU yet
 
 from __future__ import annotations
 
+import bisect
 import warnings
 
 import numpy as np
-
-import bisect
 
 from refopt.indexed_slices import IndexedSlices
 
@@ -167,6 +166,7 @@ class CudaState:
 
     def __init__(self, var_list, slot_names, use_ema):
         kc = _kc()
+        kc.check_config()
         self.views = [view(v, f"var_list[{i}]") for i, v in enumerate(var_list)]
         check_no_overlap(self.views, "var_list")
         self.dtypes = [np.dtype(d.dtype) for d in self.views]
@@ -389,16 +389,10 @@ def _prepare(opt, present, lr_value, kc, rclip):
             vals = kc.to_device(np.ascontiguousarray(g.values).reshape(g.values.shape[0], width)
                                 if g.values.shape[0] and d.size else np.zeros((0, 1), g.dtype))
             m_i = state.slots["m"][i]
-            if opt._lazy_sparse:  # LazyAdam: the present rows only
+            if kind == "adam":  # LazyAdam: the present rows; Adam/AdamW: the whole table
+                fn = kc.lazy_adam_rows if opt._lazy_sparse else kc.adam_sparse
                 vh = state.slots["vhat"][i] if flag else None
-                calls.append((kc.lazy_adam_rows,
-                              (d, m_i, state.slots["v"][i], vh, vals, g.indices),
-                              dict(learning_rate=lr_value, step=step, weight_decay=wd,
-                                   **hyper)))
-            elif kind == "adam":  # tf-keras' non-lazy sparse Adam: the whole table
-                vh = state.slots["vhat"][i] if flag else None
-                calls.append((kc.adam_sparse,
-                              (d, m_i, state.slots["v"][i], vh, vals, g.indices),
+                calls.append((fn, (d, m_i, state.slots["v"][i], vh, vals, g.indices),
                               dict(learning_rate=lr_value, step=step, weight_decay=wd,
                                    **hyper)))
             else:

@@ -34,8 +34,9 @@ from refopt.reference.adam import adam_scalars
 
 __all__ = [
     "DTYPES", "Segments", "adam_dense", "adam_multi", "adam_sparse", "as_device",
-    "check_config", "clip_dense", "copy", "decay_dense", "ema_dense", "is_device_array", "lazy_adam_rows", "require_device",
-    "sgd_dense", "sgd_multi", "sgd_sparse", "simulator", "sumsq", "to_device",
+    "check_config", "clip_dense", "copy", "decay_dense", "ema_dense", "is_device_array",
+    "lazy_adam_rows", "require_device", "sgd_dense", "sgd_multi", "sgd_sparse", "simulator",
+    "sumsq", "to_device",
 ]
 
 #: The dtypes the CUDA kernels compute in (float16 through float32, rounded after each
@@ -168,7 +169,8 @@ def copy(dst, src):
 
     Parameters
     ----------
-    dst, src : numba device array of float16, float32 or float64, C-contiguous, same shape and dtype
+    dst, src : numba device array of float16, float32 or float64
+        C-contiguous, same shape and dtype.
     """
     if dst.size == 0:
         return
@@ -258,7 +260,8 @@ def ema_dense(average, p, *, ema_momentum, overwrite=False):
 
     Parameters
     ----------
-    average, p : numba device array of float16, float32 or float64, C-contiguous, same shape and dtype
+    average, p : numba device array of float16, float32 or float64
+        C-contiguous, same shape and dtype.
     ema_momentum : float
         ``mu`` in [0, 1].
     overwrite : bool
@@ -509,7 +512,8 @@ def adam_dense(p, g, m, v, vhat=None, *, learning_rate, beta_1, beta_2, epsilon,
 
     Parameters
     ----------
-    p, g, m, v : numba device array of float16, float32 or float64, C-contiguous, same shape and dtype
+    p, g, m, v : numba device array of float16, float32 or float64
+        C-contiguous, same shape and dtype.
         Variable, gradient, moments; ``p``, ``m``, ``v`` are updated in place.
     vhat : device array like ``p`` or None
         AMSGrad maximum (None: plain Adam).
@@ -592,7 +596,8 @@ def lazy_adam_rows(p, m, v, vhat, values, indices, *, learning_rate, beta_1, bet
 
     Parameters
     ----------
-    p, m, v : numba device array of float16, float32 or float64, C-contiguous, shape ``(rows, ...)``
+    p, m, v : numba device array of float16, float32 or float64
+        C-contiguous, shape ``(rows, ...)``.
         Table and moments, updated in place on the present rows only.
     vhat : device array like ``p`` or None
     values : ndarray or device array, shape ``(n,) + p.shape[1:]``
@@ -658,7 +663,8 @@ def adam_sparse(p, m, v, vhat, values, indices, *, learning_rate, beta_1, beta_2
 
     Parameters
     ----------
-    p, m, v : numba device array of float16, float32 or float64, C-contiguous, shape ``(rows, ...)``
+    p, m, v : numba device array of float16, float32 or float64
+        C-contiguous, shape ``(rows, ...)``.
     vhat : device array like ``p`` or None
     values : ndarray or device array, shape ``(n,) + p.shape[1:]``
     indices : array_like of int, shape ``(n,)``

@@ -22,10 +22,11 @@ arithmetic through function calls that are not contracted; the float16 kernels d
 anyway: they compute in float32.)
 
 Run it as ``python -m refopt.kernels.cuda.ptx`` (``--json`` for a machine-readable report,
-``--cc 8.0 --cc 9.0`` for the targets; default 8.0, 9.0 and 10.0). It needs numba-cuda (``pip install 'refopt[cuda]'``),
-libNVVM and NVRTC (a CUDA toolkit, or ``pip install 'numba-cuda[cu13]'``), and
-``NUMBA_ENABLE_CUDASIM`` unset or ``0``. Exit status: 0 when every kernel passes, 1 when one
-fails, 2 when the toolchain is missing or the simulator is on.
+``--cc 8.0 --cc 9.0`` for the targets; default 8.0, 9.0 and 10.0). It needs numba-cuda
+(``pip install 'refopt[cuda]'``), libNVVM and NVRTC (a CUDA toolkit, or
+``pip install 'numba-cuda[cu13]'``), and ``NUMBA_ENABLE_CUDASIM`` unset or ``0``. Exit status:
+0 when every kernel passes, 1 when one fails, 2 when the simulator is on or the toolchain, a
+target or a kernel's compilation fails (the message says which).
 
 Device-less compilation: numba-cuda asks the current device for its compute capability when
 it compiles a device function called by a kernel; while this module compiles, that query is
