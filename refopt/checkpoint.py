@@ -86,24 +86,19 @@ def _check_optimizer(optimizer):
 def _check_variables(variables, optimizer):
     """The variables as a list, and their arrays (numba views for ``backend="cuda"``)."""
     on_device = optimizer.backend == "cuda"
-    kind = "device arrays" if on_device else "ndarrays"
-    one_array = isinstance(variables, np.ndarray) or hasattr(variables,
-                                                              "__cuda_array_interface__")
-    if on_device and not one_array:
-        from refopt.kernels.cuda import is_device_array
+    if on_device:
+        from refopt.optimizers import _cuda
 
-        one_array = is_device_array(variables)
-    if variables is None or one_array:
+        _cuda.check_var_list(variables, "variables")  # not one device array
+    if isinstance(variables, np.ndarray) or variables is None:
         raise TypeError(
-            f"`variables` must be a list of the optimizer's variables ({kind}), in a fixed "
+            "`variables` must be a list of the optimizer's variables (ndarrays), in a fixed "
             f"order. Received: {type(variables).__name__}"
         )
     variables = list(variables)
     arrays = []
     for i, v in enumerate(variables):
         if on_device:
-            from refopt.optimizers import _cuda
-
             arrays.append(_cuda.view(v, f"`variables[{i}]`"))
         elif not isinstance(v, np.ndarray):
             raise TypeError(f"`variables[{i}]` must be an ndarray. Received: {type(v).__name__}")

@@ -566,7 +566,7 @@ def test_cuda_checkpoint_errors_change_nothing(tmp_path):
     a.apply_gradients([(kc.to_device(np.ones(4, np.float32)), w)])
     with pytest.raises(TypeError, match="to_device"):
         refopt.save_checkpoint(tmp_path / "x.npz", a, [np.ones(4, np.float32)])
-    with pytest.raises(TypeError, match="list of the optimizer's variables"):
+    with pytest.raises(TypeError, match="must be a list of device arrays, not a single array"):
         refopt.save_checkpoint(tmp_path / "x.npz", a, w)
     assert not (tmp_path / "x.npz").exists()
     refopt.save_checkpoint(tmp_path / "c.npz", a, [w])

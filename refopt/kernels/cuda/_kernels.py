@@ -68,7 +68,7 @@ def ops(dtype):
     ``ddiv_rn``/``dsqrt_rn``, ``a - b`` as ``dadd_rn(a, -b)``, the same IEEE result), which
     the compiler never fuses into an FMA. float16 computes each operation on the operands
     widened to float32 with those functions and rounds the result to float16 (``cvt.rn``):
-    float32 has more than ``2 * 11 + 2`` significand bits, so this double rounding gives the
+    float32 has at least ``2 * 11 + 2`` significand bits (24), so this double rounding gives the
     correctly rounded float16 result, as NumPy's float16 arithmetic (which computes in float32
     and rounds) does. On the simulator the plain operators and ``np.sqrt`` on NumPy scalars.
 
