@@ -90,6 +90,7 @@ def _check_variables(variables, optimizer):
         from refopt.optimizers import _cuda
 
         _cuda.check_var_list(variables, "variables")  # not one device array
+        _cuda_config_check()
     if isinstance(variables, np.ndarray) or variables is None:
         raise TypeError(
             "`variables` must be a list of the optimizer's variables (ndarrays), in a fixed "
@@ -106,7 +107,15 @@ def _check_variables(variables, optimizer):
             arrays.append(v)
     if len({id(v) for v in variables}) != len(variables):
         raise ValueError("`variables` lists the same array twice.")
+    if on_device:
+        _cuda.check_no_overlap(arrays, "variables")
     return variables, arrays
+
+
+def _cuda_config_check():
+    from refopt.kernels.cuda import check_config
+
+    check_config()
 
 
 def _to_host(a):
@@ -288,12 +297,6 @@ def _read(path):
     return meta, arrays
 
 
-def _article(name):
-    """``"an Adam"``, ``"a SGD"``: the name with its indefinite article (by its first letter)."""
-    name = str(name)
-    return ("an " if name[:1].upper() in "AEIOU" and name[:1] else "a ") + name
-
-
 def _expect(arrays, key, shape, dtype, path):
     a = arrays.get(key)
     if a is None or a.shape != shape or a.dtype != dtype:
@@ -358,8 +361,8 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
     p = os.fspath(path)
     if meta.get("class") != type(optimizer).__name__:
         raise CheckpointError(
-            f"{p} holds the state of {_article(meta.get('class'))} optimizer; cannot load it "
-            f"into {_article(type(optimizer).__name__)}."
+            f"{p} holds the state of an optimizer of class {meta.get('class')}; cannot load "
+            f"it into one of class {type(optimizer).__name__}."
         )
     saved = {k: v for k, v in meta["config"].items() if k not in _IGNORED_CONFIG_KEYS}
     current = _normalized_config(optimizer)

@@ -246,7 +246,8 @@ def rewrite_meta(path, target, **changes):
     ("fewer_variables", "holds 2 variables; `variables` has 1"),
     ("wrong_shape", r"`variables\[1\]` has shape \(5,\).*saved shape \(4,\)"),
     ("wrong_dtype", r"dtype float64.*dtype float32"),
-    ("other_class", "state of an Adam optimizer; cannot load it into a LazyAdam"),
+    ("other_class", "state of an optimizer of class Adam; cannot load it into one of class "
+                    "LazyAdam"),
     ("other_config", "amsgrad: saved True, this optimizer False"),
     ("newer_version", "checkpoint format 2; this refopt reads format 1 and older"),
     ("not_a_checkpoint", "not a refopt checkpoint"),

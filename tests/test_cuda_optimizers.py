@@ -327,7 +327,7 @@ def test_gradient_sharing_memory_with_a_variable_is_read_before_the_step():
 def test_overlapping_variables_are_refused_and_nothing_is_built():
     d = kc.to_device(np.arange(8, dtype=np.float32))
     opt = refopt.SGD(0.5, backend="cuda")
-    with pytest.raises(ValueError, match=r"var_list\[0\]` and `var_list\[1\]` share device"):
+    with pytest.raises(ValueError, match="variables at positions 0 and 1 .* share device"):
         opt.apply_gradients([(kc.to_device(np.ones(4, np.float32)), d[0:4]),
                              (kc.to_device(np.ones(4, np.float32)), d[2:6])])
     assert not opt.built and opt.iterations == 0
@@ -376,9 +376,76 @@ def test_invalid_launch_config_fails_the_first_step_without_building(monkeypatch
     assert not opt.built and opt.iterations == 0
     monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 4)
     monkeypatch.setattr(kc.config, "TENSORS_PER_LAUNCH", 0)
-    with pytest.raises(ValueError, match="TENSORS_PER_LAUNCH must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"TENSORS_PER_LAUNCH must be an int in \[1, 32\]"):
         opt.apply_gradients([(kc.to_device(np.ones((4, 2), np.float32)), t)])
     assert not opt.built
+
+
+def test_load_checkpoint_into_overlapping_device_variables_changes_nothing(tmp_path):
+    # Regression (breaker 2): iterations was restored before build refused the overlap.
+    w = kc.to_device(np.ones(5, np.float32))
+    a = refopt.SGD(0.1, backend="cuda")
+    a.apply_gradients([(kc.to_device(np.ones(5, np.float32)), w)])
+    a.apply_gradients([(kc.to_device(np.ones(5, np.float32)), w)])
+    x = kc.to_device(np.zeros(5, np.float32))
+    refopt.save_checkpoint(tmp_path / "c.npz", a, [w])
+    b = refopt.SGD(0.1, backend="cuda")
+    with pytest.raises(ValueError, match="positions 0 and 1 .* share device memory"):
+        refopt.load_checkpoint(tmp_path / "c.npz", b, [x[0:4], x[3:5]])
+    assert b.iterations == 0 and not b.built
+    assert (_host(x) == 0).all()
+
+
+@pytest.mark.parametrize("attr,value,err", [("epsilon", None, TypeError),
+                                            ("beta_1", "x", TypeError),
+                                            ("ema_momentum", "x", TypeError),
+                                            ("weight_decay", "x", TypeError)])
+def test_hyperparameter_set_to_a_bad_value_fails_before_any_launch(attr, value, err):
+    # Regression (breaker 2): the launchers convert hyperparameters at launch time, so a
+    # step failed halfway (a sparse table already updated, the optimizer left built).
+    results = {}
+    for backend, to in (("reference", np.asarray), ("cuda", kc.to_device)):
+        table, dense = to(np.ones((3, 2), np.float32)), to(np.ones(2, np.float32))
+        opt = refopt.Adam(0.1, use_ema=True, weight_decay=0.1, backend=backend)
+        setattr(opt, attr, value)
+        grads = [(IndexedSlices(np.ones((1, 2), np.float32), [0], (3, 2)), table),
+                 (to(np.ones(2, np.float32)), dense)]
+        with pytest.raises(err) as info:
+            opt.apply_gradients(grads)
+        results[backend] = str(info.value)
+        assert not opt.built and opt.iterations == 0
+        host = table if backend == "reference" else _host(table)
+        assert (host == 1).all(), backend
+    assert results["cuda"] == results["reference"]
+
+
+def test_refused_build_keeps_nothing():
+    # Regression (breaker 2): variables of a refused build stayed registered.
+    d = kc.to_device(np.arange(8, dtype=np.float32))
+    opt, fresh = refopt.Adam(backend="cuda"), refopt.Adam(backend="cuda")
+    v0, v1 = d[0:4], d[2:6]
+    with pytest.raises(ValueError, match="share device memory"):
+        opt.build([v0, v1])
+    assert not opt.built and len(opt.variables) == len(fresh.variables) == 1  # iterations
+    messages = []
+    for o in (opt, fresh):
+        with pytest.raises(KeyError) as info:
+            o.get_slot(v0, "m")
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+
+
+def test_launch_config_accepts_numpy_ints_and_bounds_every_launcher(monkeypatch):
+    monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", np.int64(4))
+    g = np.ones(6, np.float32)
+    assert np.array_equal(kc.clip_by_value(g, 0.5), R.clip_by_value(g, 0.5))
+    monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 2048)
+    with pytest.raises(ValueError, match=r"THREADS_PER_BLOCK must be an int in \[1, 1024\]"):
+        kc.clip_by_value(g, 0.5)
+    monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 4)
+    monkeypatch.setattr(kc.config, "ITEMS_PER_THREAD", 0)  # was a ZeroDivisionError
+    with pytest.raises(ValueError, match="ITEMS_PER_THREAD"):
+        kc.global_norm([g])
 
 
 def test_integer_variables_refused():

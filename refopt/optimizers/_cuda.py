@@ -111,9 +111,10 @@ def check_no_overlap(views, what):
         if lo < end:
             a, b = sorted((owner, i))
             raise ValueError(
-                f"`{what}[{a}]` and `{what}[{b}]` share device memory: backend='cuda' updates "
-                "every variable in place in parallel, so variables must not overlap. Pass "
-                "separate arrays, or use backend='cpu'.")
+                f"The variables at positions {a} and {b} (of `{what}`, or of `grads_and_vars` "
+                "when a step builds the optimizer) share device memory: backend='cuda' "
+                "updates every variable in place in parallel, so variables must not overlap. "
+                "Pass separate arrays, or use backend='cpu'.")
         if hi > end:
             end, owner = hi, i
 
@@ -378,6 +379,7 @@ def _prepare(opt, present, lr_value, kc, rclip):
                      and step % opt.ema_overwrite_frequency == 0)
     ema_kw = dict(ema_momentum=opt.ema_momentum if ema else None, overwrite=overwrite)
     kind, flag, hyper = opt._cuda_update()
+    _validate_hyperparameters(opt, kind, flag, hyper, present, positions, lr_value, step)
     calls = []
     groups = {}  # dtype -> [(position, view, gradient, clip tuple, decays)], in input order
     for k, (i, g) in enumerate(zip(positions, grads)):
@@ -428,6 +430,31 @@ def _prepare(opt, present, lr_value, kc, rclip):
             calls.append((kc.sgd_multi, (ps, gs, buf["m"]),
                           dict(nesterov=flag, **hyper, **common)))
     return calls
+
+
+def _validate_hyperparameters(opt, kind, flag, hyper, present, positions, lr_value, step):
+    """Raise what the reference would for a hyperparameter changed to an invalid value.
+
+    The launchers convert the hyperparameters at launch time; running the reference's own
+    functions on one-element arrays of each dtype of the step first raises the reference's
+    exceptions, with its messages, before anything is launched.
+    """
+    from refopt import reference as R
+
+    decays = opt.weight_decay is not None and any(
+        id(opt._vars[i]) not in opt._exclude_ids for i in positions)
+    for dt in {np.dtype(d.dtype) for _, _, d in present}:
+        z = np.zeros(1, dt)
+        with np.errstate(all="ignore"):
+            if decays:
+                R.apply_weight_decay(z, learning_rate=lr_value, weight_decay=opt.weight_decay)
+            if kind == "adam":
+                R.adam_update(z, z, z, z, z if flag else None, learning_rate=lr_value,
+                              step=step, **hyper)
+            else:
+                R.sgd_update(z, z, z, learning_rate=lr_value, nesterov=flag, **hyper)
+            if opt.use_ema:
+                R.ema_update(z, z, ema_momentum=opt.ema_momentum)
 
 
 def _global_scale(norm, clip_norm):

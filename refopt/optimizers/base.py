@@ -580,6 +580,14 @@ class Optimizer:
         if self._built:
             return
         var_list = self._check_var_list(var_list)
+        try:
+            self._build_state(var_list)
+        except BaseException:  # e.g. device variables that overlap: nothing is kept
+            self._reset_state()
+            raise
+        self._built = True
+
+    def _build_state(self, var_list):
         self._vars = var_list
         self._index = {id(v): i for i, v in enumerate(var_list)}
         self._var_specs = [(v.shape, v.dtype) for v in var_list]
@@ -605,7 +613,6 @@ class Optimizer:
             self._slots = {
                 name: [np.zeros_like(v) for v in var_list] for name in self._slot_names()
             }
-        self._built = True
 
     def _position(self, var):
         i = self._index.get(id(var))

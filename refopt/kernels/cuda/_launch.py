@@ -17,6 +17,7 @@ up to 24 dense tensors is one launch, a larger one ``ceil(n / 24)`` launches.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -64,31 +65,51 @@ def require_device():
         )
 
 
+#: Upper bounds of the launch shape: CUDA's 1024 threads per block; 32 tensors per launch
+#: keep the multi-tensor kernels' parameters within 4 KiB (24 take 3137 bytes, each more 112:
+#: ``python -m refopt.kernels.cuda.ptx`` measures it); 2**31 - 1 blocks in x.
+_LIMITS = {"THREADS_PER_BLOCK": 1024, "ITEMS_PER_THREAD": 1 << 16, "TENSORS_PER_LAUNCH": 32,
+           "MAX_BLOCKS": (1 << 31) - 1}
+
+
+def _config_int(name):
+    value = getattr(config, name)
+    if (not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_))
+            or not 1 <= value <= _LIMITS[name]):
+        raise ValueError(
+            f"config.{name} must be an int in [1, {_LIMITS[name]}]. Received: {value!r}")
+    return int(value)
+
+
 def check_config():
     """Raise ``ValueError`` naming the first invalid value of :mod:`refopt.kernels.cuda.config`.
 
-    The optimizers call it before building or launching anything, so that a bad launch shape
-    fails a step without changing anything.
+    Every launcher and the optimizers (before building or launching anything) call it, so that
+    a bad launch shape fails a step without changing anything.
+
+    Raises
+    ------
+    ValueError
+        If a value is not an integer in its range (``THREADS_PER_BLOCK`` a power of two up to
+        1024, ``TENSORS_PER_LAUNCH`` up to 32).
     """
     _tpb()
     for name in ("ITEMS_PER_THREAD", "TENSORS_PER_LAUNCH", "MAX_BLOCKS"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"config.{name} must be an int >= 1. Received: {value!r}")
+        _config_int(name)
 
 
 def _tpb():
-    tpb = config.THREADS_PER_BLOCK
-    if not isinstance(tpb, int) or isinstance(tpb, bool) or tpb < 1 or tpb & (tpb - 1):
+    tpb = _config_int("THREADS_PER_BLOCK")
+    if tpb & (tpb - 1):
         raise ValueError(
-            f"config.THREADS_PER_BLOCK must be a power of two. Received: {tpb}")
+            f"config.THREADS_PER_BLOCK must be a power of two. Received: {tpb!r}")
     return tpb
 
 
 def _kset(dtype):
     """The kernels of ``dtype`` for the current ``config``, and the threads per block."""
-    tpb = _tpb()
-    return _kernels.get(tpb, int(config.ITEMS_PER_THREAD), dtype), tpb
+    check_config()
+    return _kernels.get(_tpb(), int(config.ITEMS_PER_THREAD), dtype), _tpb()
 
 
 def is_device_array(a):
@@ -324,6 +345,7 @@ class Segments:
         width = int(config.TENSORS_PER_LAUNCH)
         if width < 1:
             raise ValueError(f"config.TENSORS_PER_LAUNCH must be >= 1. Received: {width}")
+        check_config()
         self.tpb = _tpb()
         self.items = int(config.ITEMS_PER_THREAD)
         self.chunk = self.tpb * self.items

@@ -65,7 +65,10 @@ class KernelPTX:
     dtype : str
         ``"float16"``, ``"float32"`` or ``"float64"``.
     cc : tuple of int
-        The compute capability compiled for.
+        The compute capability asked for.
+    target : str
+        The PTX ``.target`` numba-cuda compiled for (``"sm_90"``; numba-cuda clamps a
+        capability newer than its NVVM supports to the newest it knows).
     param_bytes : int
         Size of the kernel's parameter block (with alignment), in bytes.
     float_ops : dict of str to int
@@ -78,13 +81,14 @@ class KernelPTX:
     name: str
     dtype: str
     cc: tuple
+    target: str
     param_bytes: int
     float_ops: dict
     problems: list = field(default_factory=list)
 
     def as_dict(self):
         return {"name": self.name, "dtype": self.dtype, "cc": ".".join(map(str, self.cc)),
-                "param_bytes": self.param_bytes, "float_ops": self.float_ops,
+                "target": self.target, "param_bytes": self.param_bytes, "float_ops": self.float_ops,
                 "problems": self.problems}
 
 
@@ -273,6 +277,11 @@ def _device_stand_in(cc):
         dispatcher.get_current_device = saved
 
 
+def _target(ptx):
+    m = re.search(r"^\s*\.target\s+(\w+)", ptx, re.M)
+    return m.group(1) if m else "?"
+
+
 def _control(a, b, c, out):
     i = 0
     while i < out.shape[0]:
@@ -332,8 +341,8 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
                 for name, sig in kernel_signatures(dt, width).items():
                     ptx, _ = cuda.compile_ptx(getattr(K, name).py_func, sig, cc=tuple(cc))
                     ops = {**float_ops(ptx), **approximations(ptx)}
-                    r = KernelPTX(name, dt.name, tuple(cc), param_bytes(ptx), ops,
-                                  audit_ops(ops))
+                    r = KernelPTX(name, dt.name, tuple(cc), _target(ptx), param_bytes(ptx),
+                                  ops, audit_ops(ops))
                     if r.param_bytes > PARAM_LIMIT:
                         r.problems.append(f"parameter block of {r.param_bytes} bytes exceeds "
                                           f"{PARAM_LIMIT}")
@@ -341,8 +350,8 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
                 a = typeof(np.zeros(2, dt))
                 ptx, _ = cuda.compile_ptx(_control, (a, a, a, a), cc=tuple(cc))
                 ops = {**float_ops(ptx), **approximations(ptx)}
-                reports.append(KernelPTX("control", dt.name, tuple(cc), param_bytes(ptx), ops,
-                                         audit_ops(ops)))
+                reports.append(KernelPTX("control", dt.name, tuple(cc), _target(ptx),
+                                         param_bytes(ptx), ops, audit_ops(ops)))
     return reports
 
 
@@ -386,11 +395,11 @@ def main(argv=None):
         for r in kernels:
             ops = " ".join(f"{k}:{v}" for k, v in r.float_ops.items()) or "-"
             verdict = "ok" if not r.problems else "FAIL: " + "; ".join(r.problems)
-            print(f"sm_{r.cc[0]}{r.cc[1]} {r.dtype:7} {r.name:17} params {r.param_bytes:5} B"
+            print(f"{r.target:6} {r.dtype:7} {r.name:17} params {r.param_bytes:5} B"
                   f"  {ops}  {verdict}")
         for r in controls:
             fused = "contracted to FMA" if r.problems else "not contracted"
-            print(f"sm_{r.cc[0]}{r.cc[1]} {r.dtype:7} control (plain a*b+c): {fused}")
+            print(f"{r.target:6} {r.dtype:7} control (plain a*b+c): {fused}")
         print(f"{len(kernels) - len(failed)} of {len(kernels)} kernel builds pass")
     return 1 if failed else 0
 
