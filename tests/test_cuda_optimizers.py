@@ -448,6 +448,41 @@ def test_launch_config_accepts_numpy_ints_and_bounds_every_launcher(monkeypatch)
         kc.global_norm([g])
 
 
+def test_launch_grids_are_python_ints_even_from_numpy_config(monkeypatch):
+    # Regression (device review): a GPU launch refuses NumPy integers in the grid (cuda.core
+    # LaunchConfig), the simulator accepts them; config values may be NumPy ints.
+    from refopt.kernels.cuda import _kernels
+
+    monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", np.int64(4))
+    monkeypatch.setattr(kc.config, "ITEMS_PER_THREAD", np.int32(2))
+    monkeypatch.setattr(kc.config, "MAX_BLOCKS", np.int64(3))
+    seen = []
+
+    class Record:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, launch):
+            seen.append(launch)
+            return self.kernel[launch]
+
+    K = _kernels.get(4, 2, np.float32)
+    for name in ("adam_multi", "sgd_multi", "lazy_adam_rows", "adam_sparse_table", "ema_k",
+                 "sumsq_blocks", "copy_k", "clip_k"):
+        monkeypatch.setattr(K, name, Record(getattr(K, name)))
+    w, t = kc.to_device(np.ones(40, np.float32)), kc.to_device(np.ones((6, 2), np.float32))
+    opt = refopt.Adam(0.1, clipnorm=1.0, use_ema=True, ema_overwrite_frequency=1,
+                      backend="cuda")
+    opt.apply_gradients([(kc.to_device(np.ones(40, np.float32)), w),
+                         (IndexedSlices(np.ones((2, 2), np.float32), [1, 4], (6, 2)), t)])
+    lazy = refopt.LazyAdam(0.1, backend="cuda")
+    lazy.apply_gradients([(IndexedSlices(np.ones((2, 2), np.float32), [1, 4], (6, 2)), t)])
+    kc.clip_by_value(np.ones(9, np.float32), 0.5)
+    assert len(seen) >= 7
+    for launch in seen:
+        assert all(type(x) is int for x in launch), launch
+
+
 def test_integer_variables_refused():
     with pytest.raises(TypeError, match="float16, float32 or float64"):
         refopt.Adam(backend="cuda").build([kc.to_device(np.ones(2, np.int32))])

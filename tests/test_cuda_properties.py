@@ -56,7 +56,9 @@ pytestmark = pytest.mark.skipif(not kc.simulator and not kc.cuda.is_available(),
                                 reason="needs numba's CUDA simulator or an NVIDIA GPU")
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
-CUDA_EXAMPLES = 200 if os.environ.get("REFOPT_HYPOTHESIS_PROFILE") == "dev" else 60
+# REFOPT_CUDA_EXAMPLES overrides the count (scripts/gpu_check.sh uses fewer on a device).
+CUDA_EXAMPLES = int(os.environ.get(
+    "REFOPT_CUDA_EXAMPLES", 200 if os.environ.get("REFOPT_HYPOTHESIS_PROFILE") == "dev" else 60))
 examples = settings(max_examples=CUDA_EXAMPLES)
 # The norm reductions synchronise threads, slow on the simulator: fewer examples there.
 few_examples = settings(max_examples=max(15, CUDA_EXAMPLES // 4))

@@ -226,3 +226,17 @@ def test_the_control_kernel_is_contracted_so_the_audit_is_not_vacuous():
         fma = "fma.rn.f32" if c["dtype"] == "float32" else "fma.rn.f64"
         assert c["float_ops"].get(fma, 0) >= 1, c
         assert any("fused" in p for p in c["problems"])
+
+
+def test_device_mode_without_a_gpu_is_one_clear_error():
+    if importlib.util.find_spec("numba_cuda") is None:
+        pytest.skip("numba-cuda is not installed")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, "-m", "refopt.kernels.cuda.ptx", "--device", "--json"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    report = json.loads(proc.stdout)
+    if report.get("passed"):  # a GPU is present: then every kernel passed
+        assert proc.returncode == 0
+        return
+    assert proc.returncode == 2
+    assert "--device needs a usable CUDA GPU" in report["error"]

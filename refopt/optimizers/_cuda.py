@@ -79,8 +79,10 @@ def extent(d):
     if _kc().simulator:
         lo, hi = _byte_bounds(d._ary)
         return int(lo), int(hi)
-    # device_ctypes_pointer: cheaper than building the __cuda_array_interface__ dict
-    ptr = d.device_ctypes_pointer.value or 0
+    # device_ctypes_pointer: cheaper than building the __cuda_array_interface__ dict; a
+    # ctypes integer in numba-cuda 0.30, a CUdeviceptr handle (int() works) in older releases
+    p = d.device_ctypes_pointer
+    ptr = int(getattr(p, "value", p) or 0)
     return ptr, ptr + d.size * np.dtype(d.dtype).itemsize
 
 

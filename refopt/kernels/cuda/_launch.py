@@ -173,7 +173,8 @@ def as_device(name, a):
 
 
 def _grid(n, tpb):
-    return max(1, min(config.MAX_BLOCKS, -(-n // tpb))), tpb
+    # Python ints only: a GPU launch refuses NumPy integers (the simulator does not).
+    return max(1, min(_config_int("MAX_BLOCKS"), -(-int(n) // tpb))), tpb
 
 
 def _flat(a):
@@ -233,7 +234,7 @@ def sumsq(g, half=False):
         return dtype.type(0)
     K, tpb = _kset(dtype)
     tile = tpb * int(config.ITEMS_PER_THREAD)
-    blocks = -(-g.size // tile)
+    blocks = -(-int(g.size) // tile)
     partial = cuda.device_array(blocks, np.float64)
     K.sumsq_blocks[blocks, tpb](_flat(g), partial, np.float64(0), bool(half),
                                 scalar(dtype, 0.5))
@@ -404,7 +405,7 @@ class Segments:
         return _kernels.get(self.tpb, self.items, dtype)
 
     def grid(self, nchunks):
-        return max(1, min(config.MAX_BLOCKS, nchunks)), self.tpb
+        return max(1, min(_config_int("MAX_BLOCKS"), int(nchunks))), self.tpb
 
 
 def _multi_common(dt, segments, scales, clip, weight_decay, learning_rate, average,

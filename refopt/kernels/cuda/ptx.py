@@ -22,7 +22,8 @@ arithmetic through function calls that are not contracted; the float16 kernels d
 anyway: they compute in float32.)
 
 Run it as ``python -m refopt.kernels.cuda.ptx`` (``--json`` for a machine-readable report,
-``--cc 8.0 --cc 9.0`` for the targets; default 8.0, 9.0 and 10.0). It needs numba-cuda
+``--cc 8.0 --cc 9.0`` for the targets; default 8.0, 9.0 and 10.0; on a GPU, ``--device``
+audits what a launch compiles, after link-time optimisation: :func:`compile_on_device`). It needs numba-cuda
 (``pip install 'refopt[cuda]'``), libNVVM and NVRTC (a CUDA toolkit, or
 ``pip install 'numba-cuda[cu13]'``), and ``NUMBA_ENABLE_CUDASIM`` unset or ``0``. Exit status:
 0 when every kernel passes, 1 when one fails, 2 when the simulator is on or the toolchain, a
@@ -355,6 +356,56 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
     return reports
 
 
+def compile_on_device(dtypes=(np.float16, np.float32, np.float64), tpb=256, items=8,
+                      width=None):
+    """Compile every kernel for the current GPU as a launch does, and audit that PTX.
+
+    A launch compiles through the kernel's dispatcher and, when nvJitLink is available,
+    links with link-time optimisation (numba-cuda's default), which generates the final code
+    at link time; this audits the PTX after LTO (``library.get_lto_ptx``), else the PTX of the
+    library. It sees what a device runs, where :func:`compile_all` sees ``compile_ptx``.
+
+    Parameters
+    ----------
+    dtypes, tpb, items, width
+        As :func:`compile_all`.
+
+    Returns
+    -------
+    list of KernelPTX
+        One per kernel and dtype, ``cc`` the device's.
+
+    Raises
+    ------
+    RuntimeError
+        If the simulator is on or there is no usable GPU.
+    """
+    cuda = _require_toolchain()
+    if not cuda.is_available():
+        raise RuntimeError("--device needs a usable CUDA GPU (numba.cuda.is_available() is "
+                           "False); without one, audit with compile_ptx (no --device).")
+    from refopt.kernels.cuda import _kernels, config
+
+    cc = tuple(cuda.get_current_device().compute_capability)
+    width = int(config.TENSORS_PER_LAUNCH if width is None else width)
+    reports = []
+    for dt in dtypes:
+        dt = np.dtype(dt)
+        K = _kernels.get(tpb, items, dt)
+        for name, sig in kernel_signatures(dt, width).items():
+            lib = getattr(K, name).compile(sig).library
+            lto = bool(getattr(lib, "_lto", False))
+            ptx = lib.get_lto_ptx(cc=cc) if lto else lib.get_asm_str(cc=cc)
+            ops = {**float_ops(ptx), **approximations(ptx)}
+            r = KernelPTX(name + (" (after LTO)" if lto else ""), dt.name, cc, _target(ptx),
+                          param_bytes(ptx), ops, audit_ops(ops))
+            if r.param_bytes > PARAM_LIMIT:
+                r.problems.append(f"parameter block of {r.param_bytes} bytes exceeds "
+                                  f"{PARAM_LIMIT}")
+            reports.append(r)
+    return reports
+
+
 def _cc(text):
     m = re.fullmatch(r"(\d+)\.(\d+)", text.strip())
     if not m or int(m.group(1)) < 1:
@@ -373,10 +424,13 @@ def main(argv=None):
                         help="compute capability MAJOR.MINOR (repeatable; default 8.0, 9.0 "
                              "and 10.0)")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
+    parser.add_argument("--device", action="store_true",
+                        help="compile for the current GPU as a launch does (with link-time "
+                             "optimisation when nvJitLink is there) and audit that PTX")
     args = parser.parse_args(argv)
     ccs = list(dict.fromkeys(args.cc)) if args.cc else list(DEFAULT_CCS)
     try:
-        reports = compile_all(ccs=ccs)
+        reports = compile_on_device() if args.device else compile_all(ccs=ccs)
     except Exception as exc:  # the simulator is on, the toolchain or a target is missing
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         msg = f"cannot compile to PTX: {type(exc).__name__}: {msg}"
