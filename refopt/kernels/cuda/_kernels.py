@@ -296,36 +296,6 @@ def _build(tpb, items, dtype):
 
     K.sgd_multi = sgd_multi
 
-    @cuda.jit
-    def lazy_adam_rows(P, M, V, VH, vals, order, starts, urows, zero, ams, decay, wd, lr,
-                       alpha, c1, c2, eps):
-        # One thread owns element (u, c) of unique row u: it sums the gradient rows of u from
-        # zero in order of appearance (order is a stable argsort), then updates that element.
-        k = cuda.grid(1)
-        stride = cuda.gridsize(1)
-        width = P.shape[1]
-        total = urows.shape[0] * width
-        while k < total:
-            u = k // width
-            c = k - u * width
-            r = urows[u]
-            s = zero
-            for j in range(starts[u], starts[u + 1]):
-                s = add(s, vals[order[j], c])
-            hi = M[r, c]
-            if ams:
-                hi = VH[r, c]
-            pi, mi, vi, hi = adam_one(P[r, c], s, M[r, c], V[r, c], hi, ams, decay, wd, lr,
-                                      alpha, c1, c2, eps)
-            M[r, c] = mi
-            V[r, c] = vi
-            if ams:
-                VH[r, c] = hi
-            P[r, c] = pi
-            k += stride
-
-    K.lazy_adam_rows = lazy_adam_rows
-
     @cuda.jit(device=True)
     def find_row(urows, r):
         # Position of row r in the sorted unique rows, or -1 when absent.
@@ -349,6 +319,34 @@ def _build(tpb, items, dtype):
         for j in range(starts[u], starts[u + 1]):
             s = add(s, vals[order[j], c])
         return s
+
+    @cuda.jit
+    def lazy_adam_rows(P, M, V, VH, vals, order, starts, urows, zero, ams, decay, wd, lr,
+                       alpha, c1, c2, eps):
+        # One thread owns element (u, c) of unique row u: it sums the gradient rows of u from
+        # zero in order of appearance (order is a stable argsort), then updates that element.
+        k = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        width = P.shape[1]
+        total = urows.shape[0] * width
+        while k < total:
+            u = k // width
+            c = k - u * width
+            r = urows[u]
+            s = row_sum(vals, order, starts, u, c, zero)
+            hi = M[r, c]
+            if ams:
+                hi = VH[r, c]
+            pi, mi, vi, hi = adam_one(P[r, c], s, M[r, c], V[r, c], hi, ams, decay, wd, lr,
+                                      alpha, c1, c2, eps)
+            M[r, c] = mi
+            V[r, c] = vi
+            if ams:
+                VH[r, c] = hi
+            P[r, c] = pi
+            k += stride
+
+    K.lazy_adam_rows = lazy_adam_rows
 
     @cuda.jit
     def adam_sparse_table(P, M, V, VH, vals, order, starts, urows, zero, ams, decay, wd, lr,

@@ -631,25 +631,19 @@ def lazy_adam_rows(p, m, v, vhat, values, indices, *, learning_rate, beta_1, bet
         As :func:`adam_dense`.
     """
     dt = np.dtype(p.dtype)
-    order, starts, urows = sorted_rows(indices)
-    if urows.size == 0 or p.size == 0:
-        return
-    width = p.size // p.shape[0]
-    rows = p.shape[0]
-    if isinstance(values, np.ndarray):
-        values = cuda.to_device(np.ascontiguousarray(values).reshape(-1, width))
-    else:
-        values = values.reshape(values.shape[0], width)
     s = adam_scalars(dt, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
                      epsilon=epsilon, step=step)
+    if np.size(indices) == 0 or p.size == 0:
+        return
     decay, wd, lr = _decay_args(dt, weight_decay, learning_rate)
+    width, vals, order, starts, urows = _table_inputs(p, values, indices)
+    rows = p.shape[0]
     K, tpb = _kset(dt)
-    P = p.reshape(rows, width)
     M = m.reshape(rows, width)
     ams = vhat is not None
     K.lazy_adam_rows[_grid(urows.size * width, tpb)](
-        P, M, v.reshape(rows, width), vhat.reshape(rows, width) if ams else M, values,
-        cuda.to_device(order), cuda.to_device(starts), cuda.to_device(urows), dt.type(0), ams,
+        p.reshape(rows, width), M, v.reshape(rows, width),
+        vhat.reshape(rows, width) if ams else M, vals, order, starts, urows, dt.type(0), ams,
         decay, wd, lr, s.alpha, s.one_minus_beta_1, s.one_minus_beta_2, s.epsilon)
 
 
