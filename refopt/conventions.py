@@ -45,6 +45,7 @@ KNOB_VALUES = {
     "clip_formula": ("tf", "torch", "optax"),
     "ema": ("copy", "keras3", "torch", "none"),
     "step_counter": ("global", "per_variable"),
+    "rmsprop_form": ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax"),
 }
 
 
@@ -129,6 +130,10 @@ class Convention:
         Keras 2's ``epsilon or backend.epsilon()``: 0 silently becomes 1e-7.
     default_adamw_weight_decay : float
         ``AdamW``'s weight decay when not given (0.004 Keras, 0.01 PyTorch, 1e-4 optax).
+    rmsprop_form : {"tf_keras", "keras3", "keras2", "tf1", "torch", "optax"}
+        Which framework's RMSprop step (epsilon inside or outside the root, ``rsqrt`` or
+        ``sqrt``, ``1 - rho`` rounding, centered denominator order, momentum buffer, defaults):
+        see :func:`refopt.reference.rmsprop_update`.
     keras3_sparse_square : bool
         Reproduce a Keras 3 (TF backend) bug: for an IndexedSlices gradient ``v`` gets the
         sum of the squared duplicate slices instead of the square of their sum. Off in every
@@ -157,6 +162,7 @@ class Convention:
     epsilon_zero_is_default: bool
     default_adamw_weight_decay: float
     keras3_sparse_square: bool = False
+    rmsprop_form: str = "tf_keras"
 
     def __post_init__(self):
         for knob, allowed in KNOB_VALUES.items():
@@ -228,6 +234,7 @@ PRESETS = {
     "tf_keras": _TF_KERAS,
     "keras3": _TF_KERAS.replace(
         name="keras3",
+        rmsprop_form="keras3",
         framework="Keras 3 (keras.optimizers, TensorFlow backend)",
         sparse_adam="densify",
         clip_selection="one_only",
@@ -235,6 +242,7 @@ PRESETS = {
     ),
     "keras2": _TF_KERAS.replace(
         name="keras2",
+        rmsprop_form="keras2",
         framework="Keras 2 legacy OptimizerV2 (tf.keras.optimizers.legacy) and "
         "TF-Addons LazyAdam",
         one_minus_beta="dtype",
@@ -248,6 +256,7 @@ PRESETS = {
     ),
     "tf1": _TF_KERAS.replace(
         name="tf1",
+        rmsprop_form="tf1",
         framework="TF1 tf.compat.v1.train.AdamOptimizer / MomentumOptimizer and the TF1 "
         "contrib LazyAdamOptimizer",
         bias_correction="accumulator",
@@ -285,6 +294,7 @@ PRESETS = {
         default_epsilon=1e-8,
         epsilon_zero_is_default=False,
         default_adamw_weight_decay=0.01,
+        rmsprop_form="torch",
     ),
     "optax": Convention(
         name="optax",
@@ -308,6 +318,7 @@ PRESETS = {
         default_epsilon=1e-8,
         epsilon_zero_is_default=False,
         default_adamw_weight_decay=1e-4,
+        rmsprop_form="optax",
     ),
 }
 
