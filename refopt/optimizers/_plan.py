@@ -1,0 +1,189 @@
+"""The host side of a fused step: what the drivers apply around a rule, as numbers.
+
+Shared by the ``cpu`` and ``cuda`` executors. For one dtype group of one step it decides
+the clip mode of every tensor (and its denominator or scale: the norms are reduced by the
+executor, passed in as sums of squares), the weight-decay mode and the EMA mode, and rounds
+the pipeline's scalars (``psc``, layout :mod:`refopt.rules.steps`) as the convention does.
+It returns ``None`` for what a single fused pass cannot express (Keras 2's several clips in
+sequence, optax's decay with excluded variables); the executor then takes the staged path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from refopt.reference._common import lr_cast, scalar, tf_cast
+from refopt.rules import steps as S
+
+_DECAY = {"decoupled": 1, "torch": 2, "l2": 3}
+
+
+@dataclass
+class Plan:
+    """The pipeline's part of a fused step for one dtype group.
+
+    Attributes
+    ----------
+    psc : ndarray of the dtype, shape (8,)
+    dmode, emode : int
+        Decay and EMA modes (compile-time constants of the kernel).
+    overwrite : bool
+        Overwrite the weights with their averages in this step.
+    cmode : int64 ndarray (T,)
+    cden, cscale : ndarray of the dtype (T,)
+    optax_weight_decay : float or None
+        optax ``adamw``'s decay, applied inside the rule.
+    """
+
+    psc: np.ndarray
+    dmode: int
+    emode: int
+    overwrite: bool
+    cmode: np.ndarray
+    cden: np.ndarray
+    cscale: np.ndarray
+    optax_weight_decay: float | None
+
+
+def clip_kind(opt):
+    """``(kind, c)``: the one clipping a step applies (``"value"``, ``"norm"``, ``"global"``)
+    or ``(None, None)``; ``("several", None)`` for Keras 2's sequence of clips."""
+    conv = opt.convention
+    given = [(k, getattr(opt, k)) for k in ("clipvalue", "clipnorm", "global_clipnorm")
+             if getattr(opt, k) is not None]
+    if conv.clip_selection == "legacy":
+        if len(given) > 1:
+            return "several", None
+        if not given:
+            return None, None
+        k, c = given[0]
+        return {"clipvalue": "value", "clipnorm": "norm", "global_clipnorm": "global"}[k], c
+
+    def on(c):
+        return c is not None and (c > 0 if conv.clip_formula == "tf" else True)
+
+    if on(opt.clipnorm):
+        return "norm", opt.clipnorm
+    if on(opt.global_clipnorm):
+        return "global", opt.global_clipnorm
+    if opt.clipvalue and opt.clipvalue > 0:
+        return "value", opt.clipvalue
+    return None, None
+
+
+def needs_sums(opt):
+    """Whether the plan needs the gradients' sums of squares (norm clipping)."""
+    return clip_kind(opt)[0] in ("norm", "global")
+
+
+def clip_arrays(opt, dtype, n, sums=None, global_norm=None):
+    """``(cmode, cden, cscale, c)`` for ``n`` tensors of ``dtype``.
+
+    ``sums``: the tensors' sums of squares (NumPy's pairwise order), for norm clipping;
+    ``global_norm``: for TF's global clipping, the global norm (TF's formula, computed over
+    every gradient of the step by the caller).
+    """
+    dtype = np.dtype(dtype)
+    kind, c = clip_kind(opt)
+    formula = opt.convention.clip_formula
+    cmode = np.zeros(n, np.int64)
+    cden = np.ones(n, dtype)
+    cscale = np.ones(n, dtype)
+    cv = dtype.type(0)
+    if kind is None:
+        return cmode, cden, cscale, cv
+    with np.errstate(all="ignore"):
+        if kind == "value":
+            cmode[:] = 1
+            return cmode, cden, cscale, scalar(dtype, c)
+        cv = scalar(dtype, c)
+        if formula == "tf":
+            if kind == "norm":
+                from refopt.kernels.cpu.clipping import norm_denominators
+
+                cmode[:] = 2
+                cden[:] = norm_denominators(np.asarray(sums, dtype), cv)
+            else:
+                from refopt.kernels.cpu.clipping import global_scale
+
+                cmode[:] = 3
+                cscale[:] = global_scale(global_norm, c)[1]
+            return cmode, cden, cscale, cv
+        sums = np.asarray(sums, dtype)
+        if formula == "torch":
+            one = scalar(dtype, 1)
+            norms = np.sqrt(sums)
+            if kind == "norm":
+                totals = norms
+            else:
+                total = np.sqrt(np.sum(norms * norms, dtype=dtype))
+                totals = np.full(n, total, dtype)
+            coef = (one / (totals + scalar(dtype, 1e-6))) * cv
+            coef = np.where(np.isnan(coef), coef, np.minimum(coef, one))
+            cmode[:] = 3
+            cscale[:] = coef
+            return cmode, cden, cscale, cv
+        # optax
+        if kind == "norm":
+            totals = np.sqrt(sums)
+        else:
+            totals = np.full(n, np.sqrt(np.sum(sums, dtype=dtype)), dtype)
+        clipped = ~(totals < cv)
+        cmode[clipped] = 4
+        cden[:] = totals
+        return cmode, cden, cscale, cv
+
+
+def plan(opt, dtype, lr_value, step, n, sums=None, global_norm=None):
+    """The :class:`Plan` of one dtype group of ``n`` tensors, or ``None`` (staged path)."""
+    dtype = np.dtype(dtype)
+    conv = opt.convention
+    kind, _ = clip_kind(opt)
+    if kind == "several":
+        return None
+    psc = np.zeros(S.N_PSC, dtype)
+    dmode = 0
+    optax_wd = None
+    with np.errstate(all="ignore"):
+        if opt.weight_decay is not None:
+            mode = opt._decay_mode()
+            if mode == "optax":
+                if opt._exclude_ids:
+                    return None
+                optax_wd = opt.weight_decay
+            else:
+                dmode = _DECAY[mode]
+                if dmode == 1:
+                    psc[S.P_LR] = lr_cast(dtype, lr_value)
+                    psc[S.P_WD] = tf_cast(dtype, opt.weight_decay)
+                elif dmode == 2:
+                    psc[S.P_WD] = scalar(dtype, 1.0 - float(lr_value) * float(opt.weight_decay))
+                else:
+                    psc[S.P_WD] = scalar(dtype, opt.weight_decay)
+        emode = 0
+        overwrite = False
+        if opt.use_ema:
+            mu = opt.ema_momentum
+            if conv.ema == "copy":
+                emode = 1
+                psc[S.P_MU] = scalar(dtype, mu)
+                psc[S.P_OMU] = scalar(dtype, 1 - mu)
+            elif conv.ema == "keras3":
+                emode = 1
+                m = scalar(dtype, 0.0 if opt._iterations == 0 else mu)
+                psc[S.P_MU] = m
+                psc[S.P_OMU] = scalar(dtype, 1) - m
+            elif opt._iterations == 0:  # torch: the first update copies
+                emode = 2
+            else:
+                w = scalar(dtype, 1 - mu)
+                psc[S.P_W] = w
+                psc[S.P_W1] = w - scalar(dtype, 1)
+                emode = 3 if abs(float(w)) < 0.5 else 4
+            overwrite = bool(opt.ema_overwrite_frequency
+                             and (opt._iterations + 1) % opt.ema_overwrite_frequency == 0)
+    cmode, cden, cscale, cv = clip_arrays(opt, dtype, n, sums, global_norm)
+    psc[S.P_CLIP] = cv
+    return Plan(psc, dmode, emode, overwrite, cmode, cden, cscale, optax_wd)

@@ -1,0 +1,109 @@
+"""Rules: each update defined once, as numbers, for the fast paths.
+
+A *rule* is the arithmetic of one optimizer's update on **one element**, written with the
+target operations of :mod:`refopt.rules.ops` (never the bare operators), so that the same
+Python source compiles to the CPU (Numba ``@njit``), to CUDA (numba-cuda device function,
+explicitly rounded, never contracted) and runs as plain Python (the simulator)::
+
+    def element(p, g, s_0, ..., s_k, sc, fl, tail):
+        ...
+        return p, s_0, ..., s_k
+
+- ``p``, ``g``: the parameter and its gradient (already clipped, weight-decayed as the
+  convention says: that is the pipeline's work, see :mod:`refopt.rules.steps`);
+- ``s_0 .. s_k``: the optimizer's slots, in the order of :attr:`Rule.slots`;
+- ``sc``: a small array of scalars in the variable dtype, rounded on the host as the
+  framework rounds them (learning rate, ``1 - beta``, bias corrections...);
+- ``fl``: a small int64 array of flags (AMSGrad, Nesterov, the convention's form);
+- ``tail``: whether the element lies in the last ``numel % lanes`` elements of its tensor
+  (PyTorch's vectorised kernels treat that scalar tail differently; ``lanes`` is
+  :attr:`RuleCall.tail_lanes`, 0 for none).
+
+The generic multi-tensor drivers (:mod:`refopt.kernels.cpu.drivers`,
+:mod:`refopt.kernels.cuda.drivers`) build every kernel from a rule: they add clipping,
+weight decay and the EMA (the pipeline's element steps) around it, loop over every tensor
+of a dtype group, and over the unique rows of a sparse gradient. Adding an optimizer adds a
+rule; no driver changes.
+
+The readable NumPy reference (:mod:`refopt.reference`) is a separate implementation of the
+same updates; the property tests compare the two bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["Rule", "RuleCall"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One update, defined once for every fast target.
+
+    Parameters
+    ----------
+    name : str
+        A short name (kernel names, reports).
+    element : callable
+        ``element(p, g, *slots, sc, fl, tail) -> (p, *slots)``, a module-level function
+        written with :mod:`refopt.rules.ops` (see the module docstring).
+    slots : tuple of str
+        The slot names the element takes and returns, in order.
+    """
+
+    name: str
+    element: Callable
+    slots: tuple
+
+    @property
+    def arity(self):
+        """The number of slots."""
+        return len(self.slots)
+
+
+@dataclass
+class RuleCall:
+    """A rule with the scalars and flags of one step for one dtype (what the drivers run).
+
+    Parameters
+    ----------
+    rule : Rule
+    sc : ndarray of the variables' dtype, shape (k,)
+        The rule's scalars (at least one entry).
+    fl : ndarray of int64, shape (j,)
+        The rule's flags (at least one entry).
+    tail_lanes : int
+        Elements ``i >= numel - numel % tail_lanes`` of a tensor get ``tail=True``.
+    """
+
+    rule: Rule
+    sc: np.ndarray
+    fl: np.ndarray
+    tail_lanes: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+#: The drivers hand a rule 16 scalars and 8 flags (the arrays are padded with zeros).
+N_SCALARS, N_FLAGS = 16, 8
+
+
+def scalars(dtype, values):
+    """An array of ``N_SCALARS`` entries of ``dtype`` from already-rounded scalars."""
+    values = list(values)
+    if len(values) > N_SCALARS:
+        raise ValueError(f"A rule takes at most {N_SCALARS} scalars. Received {len(values)}")
+    values += [0] * (N_SCALARS - len(values))
+    with np.errstate(all="ignore"):
+        return np.array([np.dtype(dtype).type(v) for v in values], dtype=dtype)
+
+
+def flags(values):
+    """An int64 array of ``N_FLAGS`` flags."""
+    values = [int(v) for v in values]
+    if len(values) > N_FLAGS:
+        raise ValueError(f"A rule takes at most {N_FLAGS} flags. Received {len(values)}")
+    values += [0] * (N_FLAGS - len(values))
+    return np.array(values, np.int64)

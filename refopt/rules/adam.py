@@ -1,0 +1,198 @@
+"""The Adam family's rules: Adam and AMSGrad under every convention, and SparseAdam's rows.
+
+One element function per slot layout (``m, v`` and ``m, v, vhat``), both built from the same
+moment and step helpers, with the convention's form chosen by flags:
+
+``F_FORM``
+    0: epsilon-hat (TF, Keras): ``p - (m alpha) / (sqrt(v) + eps)``; 1: PyTorch's fused CPU
+    kernel (float64 scalars, ``p + (-step_size m) / (sqrt(v) / bc2_sqrt + eps)``); 2: optax
+    under ``jit`` (``u = m / (bc1 (sqrt(v / bc2) + eps))``, optional ``fma(p, wd, u)``,
+    ``p + u (-lr)``).
+``F_MOMENTS``
+    0: Keras' ``m + (g - m)(1 - b)``; 1: ``b m + (1 - b) g``; 2: PyTorch's ``lerp`` (one FMA,
+    branch on the weight) and ``fma((1-b2) g, g, v b2)`` (the scalar tail the other way
+    round); 3: XLA's ``fma(1 - b, g, b m)``.
+
+The scalars are rounded on the host (:func:`adam_call`) with the same helpers the reference
+uses to round its scalars (``refopt.reference.variants``); the element arithmetic here is
+independent of the reference's NumPy code, and the property tests compare the two.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from refopt.rules import Rule, RuleCall, flags, scalars
+from numba.extending import register_jitable
+
+from refopt.rules.ops import add, div, fma, maximum, mul, sqrt, sub
+
+# flags
+F_FORM, F_MOMENTS, F_LERP_LOW, F_AMS_CORRECTED, F_OPTAX_WD = range(5)
+# scalars
+(S_ALPHA, S_C1, S_C2, S_B1, S_B2, S_EPS, S_W1, S_BC2, S_BC2_SQRT, S_NEG_STEP, S_BC1,
+ S_NEG_LR, S_WD) = range(13)
+
+
+@register_jitable
+def moments(m, v, g, sc, fl, tail):
+    """The new first and second moments."""
+    how = fl[F_MOMENTS]
+    c1 = sc[S_C1]
+    c2 = sc[S_C2]
+    if how == 0:
+        return add(m, mul(sub(g, m), c1)), add(v, mul(sub(mul(g, g), v), c2))
+    if how == 1:
+        return add(mul(sc[S_B1], m), mul(c1, g)), add(mul(sc[S_B2], v), mul(c2, mul(g, g)))
+    if how == 2:
+        d = sub(g, m)
+        if fl[F_LERP_LOW] != 0:
+            m = fma(c1, d, m)
+        else:
+            m = fma(sc[S_W1], d, g)
+        if tail:
+            v = fma(v, sc[S_B2], mul(mul(c2, g), g))
+        else:
+            v = fma(mul(c2, g), g, mul(v, sc[S_B2]))
+        return m, v
+    return fma(c1, g, mul(sc[S_B1], m)), fma(c2, mul(g, g), mul(sc[S_B2], v))
+
+
+@register_jitable
+def step_hat(p, m, den, sc):
+    """``p - (m alpha) / (sqrt(den) + eps)``."""
+    return sub(p, div(mul(m, sc[S_ALPHA]), add(sqrt(den), sc[S_EPS])))
+
+
+@register_jitable
+def step_torch(p, m, den, sc):
+    """``p + (-step_size m) / (sqrt(den) / bc2_sqrt + eps)``."""
+    denom = add(div(sqrt(den), sc[S_BC2_SQRT]), sc[S_EPS])
+    return add(p, div(mul(sc[S_NEG_STEP], m), denom))
+
+
+@register_jitable
+def step_optax(p, m, den, sc, fl):
+    """``u = m / (bc1 (sqrt(den) + eps))``, ``u = fma(p, wd, u)`` for adamw, ``p + u (-lr)``."""
+    u = div(m, mul(sc[S_BC1], add(sqrt(den), sc[S_EPS])))
+    if fl[F_OPTAX_WD] != 0:
+        u = fma(p, sc[S_WD], u)
+    return add(p, mul(u, sc[S_NEG_LR]))
+
+
+@register_jitable
+def adam_element(p, g, m, v, sc, fl, tail):
+    """Adam on one element: slots ``m, v``."""
+    m, v = moments(m, v, g, sc, fl, tail)
+    form = fl[F_FORM]
+    if form == 0:
+        p = step_hat(p, m, v, sc)
+    elif form == 1:
+        p = step_torch(p, m, v, sc)
+    else:
+        p = step_optax(p, m, div(v, sc[S_BC2]), sc, fl)
+    return p, m, v
+
+
+@register_jitable
+def amsgrad_element(p, g, m, v, vh, sc, fl, tail):
+    """AMSGrad on one element: slots ``m, v, vhat``."""
+    m, v = moments(m, v, g, sc, fl, tail)
+    form = fl[F_FORM]
+    corrected = fl[F_AMS_CORRECTED] != 0
+    if form == 0:
+        vh = maximum(vh, v)
+        p = step_hat(p, m, vh, sc)
+    elif form == 1:
+        if corrected:
+            vh = maximum(vh, div(v, sc[S_BC2]))
+            p = step_torch(p, m, mul(vh, sc[S_BC2]), sc)
+        else:
+            vh = maximum(vh, v)
+            p = step_torch(p, m, vh, sc)
+    else:
+        if corrected:
+            vh = maximum(vh, div(v, sc[S_BC2]))
+            p = step_optax(p, m, vh, sc, fl)
+        else:
+            vh = maximum(vh, v)
+            p = step_optax(p, m, div(vh, sc[S_BC2]), sc, fl)
+    return p, m, v, vh
+
+
+@register_jitable
+def sparse_adam_element(p, g, m, v, sc, fl, tail):
+    """``torch.optim.SparseAdam`` on one element of a present row: slots ``m, v``."""
+    dm = mul(sub(g, m), sc[S_C1])
+    dv = mul(sub(mul(g, g), v), sc[S_C2])
+    numer = add(dm, m)
+    denom = add(sqrt(add(dv, v)), sc[S_EPS])
+    return add(p, mul(sc[S_NEG_STEP], div(numer, denom))), add(m, dm), add(v, dv)
+
+
+ADAM = Rule("adam", adam_element, ("m", "v"))
+AMSGRAD = Rule("amsgrad", amsgrad_element, ("m", "v", "vhat"))
+SPARSE_ADAM = Rule("sparse_adam", sparse_adam_element, ("m", "v"))
+
+_MOMENTS = {"keras": 0, "ema": 1, "torch_fma": 2, "optax_fma": 3}
+
+
+def adam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step, amsgrad,
+              optax_weight_decay=None, lazy_rows=False):
+    """The :class:`~refopt.rules.RuleCall` of one Adam step for ``dtype`` under ``conv``.
+
+    ``optax_weight_decay``: optax ``adamw``'s decay inside the update. ``lazy_rows``: the
+    call is for the rows of a lazy sparse step (``conv.lazy_update``: TF1/TF-Addons rows use
+    the ``b m + (1 - b) g`` moments; ``"torch_sparse"`` is SparseAdam's rule).
+    """
+    from refopt.reference import variants as V
+
+    dtype = np.dtype(dtype)
+    sc = [0] * 13
+    if lazy_rows and conv.lazy_update == "torch_sparse":
+        sc[S_C1] = V.scalar(dtype, 1 - beta_1)
+        sc[S_C2] = V.scalar(dtype, 1 - beta_2)
+        sc[S_EPS] = V.scalar(dtype, epsilon)
+        step_size = float(learning_rate) * math.sqrt(1 - float(beta_2) ** step) / (
+            1 - float(beta_1) ** step)
+        sc[S_NEG_STEP] = V.scalar(dtype, -step_size)
+        return RuleCall(SPARSE_ADAM, scalars(dtype, sc), flags([0]))
+    if lazy_rows and conv.lazy_update == "ema_rows":
+        conv = conv.replace(moment_update="ema")
+    one = V.scalar(dtype, 1)
+    sc[S_C1] = V.one_minus(dtype, beta_1, conv)
+    sc[S_C2] = V.one_minus(dtype, beta_2, conv)
+    sc[S_B1] = V.beta(dtype, beta_1, conv)
+    sc[S_B2] = V.beta(dtype, beta_2, conv)
+    sc[S_EPS] = V.eps_value(dtype, epsilon, conv)
+    moments_form = _MOMENTS[conv.moment_update]
+    lerp_low = abs(float(sc[S_C1])) < 0.5
+    with np.errstate(all="ignore"):
+        sc[S_W1] = sc[S_C1] - one
+        lr = V.lr_value(dtype, learning_rate, conv)
+        if conv.epsilon_placement == "hat":
+            form = 0
+            p1 = V.beta_power(dtype, beta_1, step, conv)
+            p2 = V.beta_power(dtype, beta_2, step, conv)
+            if conv.bias_correction == "float64":
+                p1, p2 = V.scalar(dtype, p1), V.scalar(dtype, p2)
+            sc[S_ALPHA] = V.scalar(dtype, lr) * np.sqrt(one - p2) / (one - p1)
+        elif conv.bias_correction == "float64":
+            form = 1
+            bc1 = 1.0 - float(beta_1) ** step
+            sc[S_BC2] = V.scalar(dtype, 1.0 - float(beta_2) ** step)
+            sc[S_BC2_SQRT] = V.scalar(dtype, math.sqrt(1.0 - float(beta_2) ** step))
+            sc[S_NEG_STEP] = V.scalar(dtype, -(float(lr) / bc1))
+        else:
+            form = 2
+            sc[S_BC1] = one - V.beta_power(dtype, beta_1, step, conv)
+            sc[S_BC2] = one - V.beta_power(dtype, beta_2, step, conv)
+            sc[S_NEG_LR] = V.scalar(dtype, -float(lr))
+            if optax_weight_decay is not None:
+                sc[S_WD] = V.scalar(dtype, optax_weight_decay)
+    fl = [form, moments_form, lerp_low, conv.amsgrad_maximum == "corrected",
+          optax_weight_decay is not None]
+    lanes = 32 // dtype.itemsize if moments_form == 2 and dtype.itemsize in (4, 8) else 0
+    return RuleCall(AMSGRAD if amsgrad else ADAM, scalars(dtype, sc), flags(fl), lanes)

@@ -1,0 +1,262 @@
+"""Target arithmetic: the operations every rule is written with (one rounding each).
+
+A rule (see :mod:`refopt.rules`) never uses ``*``, ``+``, ``-``, ``/`` or ``np.sqrt`` on
+floats: it calls :func:`mul`, :func:`add`, :func:`sub`, :func:`div`, :func:`sqrt`,
+:func:`fma`, :func:`maximum` and :func:`minimum`. Each is one function with three
+implementations, chosen by where the rule is compiled:
+
+- **Python** (the bodies below): NumPy scalar arithmetic. Used by numba-cuda's simulator and
+  when a rule is called from plain Python (tests).
+- **CPU** (``@overload(..., target="cpu")``): the plain operators. Numba compiles without
+  ``fastmath``, so LLVM neither contracts ``a * b + c`` nor reorders anything.
+- **CUDA** (``@overload(..., target="cuda")``, registered by :func:`register_cuda`):
+  libdevice's explicitly rounded ``__nv_fmul_rn`` & co., which NVVM never contracts into an
+  FMA (numba-cuda has no ``-fma=0``); float16 computes on operands widened to float32 and
+  rounds back once (``2 * 11 + 2 <= 24`` significand bits: the correctly rounded float16
+  result, as NumPy's float16 loops).
+
+:func:`fma` is ``a * b + c`` rounded *once*, where a framework's kernel contracts (PyTorch's
+vectorised CPU kernels, XLA under ``jit``). It is computed by the same algorithm on every
+target and in :func:`refopt.reference.variants.fma`: float32 through float64 (the product is
+exact there, the sum is rounded to float64 and then to float32), float64 with Dekker's
+product and Knuth's sum (error-free transformations, falling back to ``a * b + c`` where
+they overflow), float16 as ``a * b + c`` in float16. So every backend gives the same bits,
+which the property tests check.
+
+``maximum``/``minimum`` are NumPy's: a NaN on either side propagates; of two equal values
+(``+0.0``, ``-0.0``) the float32/float64 loops return the second operand and the float16
+loops the first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+from numba.core.extending import overload
+
+__all__ = ["add", "sub", "mul", "div", "sqrt", "fma", "maximum", "minimum", "register_cuda"]
+
+_SPLIT = 134217729.0  # 2**27 + 1 (Veltkamp)
+
+
+# ----------------------------------------------------------------------------- Python
+def add(a, b):
+    """``a + b``, one rounding."""
+    return a + b
+
+
+def sub(a, b):
+    """``a - b``, one rounding."""
+    return a - b
+
+
+def mul(a, b):
+    """``a * b``, one rounding."""
+    return a * b
+
+
+def div(a, b):
+    """``a / b``, one rounding."""
+    return a / b
+
+
+def sqrt(a):
+    """Correctly rounded square root."""
+    return np.sqrt(a)
+
+
+def maximum(a, b):
+    """``np.maximum(a, b)`` of two scalars."""
+    return np.maximum(a, b)
+
+
+def minimum(a, b):
+    """``np.minimum(a, b)`` of two scalars."""
+    return np.minimum(a, b)
+
+
+def _fma64_py(a, b, c):
+    a, b, c = np.float64(a), np.float64(b), np.float64(c)
+    p = a * b
+    ta = _SPLIT * a
+    ah = ta - (ta - a)
+    al = a - ah
+    tb = _SPLIT * b
+    bh = tb - (tb - b)
+    bl = b - bh
+    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    s = p + c
+    bb = s - p
+    f = (p - (s - bb)) + (c - bb)
+    out = s + (f + e)
+    if np.isfinite(out) and np.isfinite(p) and abs(p) < 1e300:
+        return out
+    return a * b + c
+
+
+def fma(a, b, c):
+    """``a * b + c`` rounded once (see the module docstring for the method per dtype)."""
+    dt = np.result_type(a, b, c)
+    with np.errstate(all="ignore"):
+        if dt == np.float32:
+            return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+        if dt == np.float64:
+            return _fma64_py(a, b, c)
+        return a * b + c
+
+
+# ----------------------------------------------------------------------------- CPU
+def _float(t):
+    return isinstance(t, types.Float)
+
+
+@overload(add, target="cpu")
+def _add_cpu(a, b):
+    return lambda a, b: a + b
+
+
+@overload(sub, target="cpu")
+def _sub_cpu(a, b):
+    return lambda a, b: a - b
+
+
+@overload(mul, target="cpu")
+def _mul_cpu(a, b):
+    return lambda a, b: a * b
+
+
+@overload(div, target="cpu")
+def _div_cpu(a, b):
+    return lambda a, b: a / b
+
+
+@overload(sqrt, target="cpu")
+def _sqrt_cpu(a):
+    return lambda a: np.sqrt(a)
+
+
+def _max_impl(tie_first):
+    if tie_first:
+        return lambda a, b: a if (a >= b or a != a) else b
+    return lambda a, b: a if (a > b or a != a) else b
+
+
+def _min_impl(tie_first):
+    if tie_first:
+        return lambda a, b: a if (a <= b or a != a) else b
+    return lambda a, b: a if (a < b or a != a) else b
+
+
+@overload(maximum, target="cpu")
+def _maximum_cpu(a, b):
+    return _max_impl(a == types.float16)
+
+
+@overload(minimum, target="cpu")
+def _minimum_cpu(a, b):
+    return _min_impl(a == types.float16)
+
+
+def _fma_impl(kind, mul_, add_, sub_):
+    """The fma of one dtype built from a target's ``mul``/``add``/``sub`` (float64 ones)."""
+    if kind == "f32":
+        def f32(a, b, c):
+            return np.float32(add_(mul_(np.float64(a), np.float64(b)), np.float64(c)))
+        return f32
+    if kind == "f64":
+        def f64(a, b, c):
+            p = mul_(a, b)
+            ta = mul_(134217729.0, a)
+            ah = sub_(ta, sub_(ta, a))
+            al = sub_(a, ah)
+            tb = mul_(134217729.0, b)
+            bh = sub_(tb, sub_(tb, b))
+            bl = sub_(b, bh)
+            e = add_(add_(add_(sub_(mul_(ah, bh), p), mul_(ah, bl)), mul_(al, bh)),
+                     mul_(al, bl))
+            s = add_(p, c)
+            bb = sub_(s, p)
+            f = add_(sub_(p, sub_(s, bb)), sub_(c, bb))
+            out = add_(s, add_(f, e))
+            if abs(out) <= 1.7976931348623157e308 and abs(p) < 1e300:
+                return out
+            return add_(mul_(a, b), c)
+        return f64
+    def f16(a, b, c):
+        return add_(mul_(a, b), c)
+    return f16
+
+
+def _fma_kind(a, b, c):
+    ts = (a, b, c)
+    if any(t == types.float64 for t in ts):
+        return "f64"
+    if any(t == types.float32 for t in ts):
+        return "f32"
+    return "f16"
+
+
+@overload(fma, target="cpu")
+def _fma_cpu(a, b, c):
+    return _fma_impl(_fma_kind(a, b, c), mul, add, sub)
+
+
+# ----------------------------------------------------------------------------- CUDA
+_CUDA_REGISTERED = False
+
+
+def register_cuda():
+    """Register the CUDA implementations (libdevice ``*_rn``); idempotent.
+
+    Called by :mod:`refopt.kernels.cuda` before it compiles a rule for a GPU (not on the
+    simulator, which runs the Python bodies).
+    """
+    global _CUDA_REGISTERED
+    if _CUDA_REGISTERED:
+        return
+    from numba.cuda import libdevice as ld
+
+    f16, f32, f64 = types.float16, types.float32, types.float64
+
+    def binary(name, f_op, d_op):
+        def impl(a, b):
+            if a == f64 or b == f64:
+                return lambda a, b: d_op(np.float64(a), np.float64(b))
+            if a == f32 or b == f32:
+                return lambda a, b: f_op(np.float32(a), np.float32(b))
+            if a == f16 and b == f16:
+                return lambda a, b: np.float16(f_op(np.float32(a), np.float32(b)))
+            return None
+        return impl
+
+    def dsub(a, b):
+        return ld.dadd_rn(a, -b)
+
+    overload(add, target="cuda")(binary("add", ld.fadd_rn, ld.dadd_rn))
+    overload(sub, target="cuda")(binary("sub", ld.fsub_rn, dsub))
+    overload(mul, target="cuda")(binary("mul", ld.fmul_rn, ld.dmul_rn))
+    overload(div, target="cuda")(binary("div", ld.fdiv_rn, ld.ddiv_rn))
+
+    @overload(sqrt, target="cuda")
+    def _sqrt_cuda(a):
+        if a == f64:
+            return lambda a: ld.dsqrt_rn(a)
+        if a == f32:
+            return lambda a: ld.fsqrt_rn(a)
+        if a == f16:
+            return lambda a: np.float16(ld.fsqrt_rn(np.float32(a)))
+        return None
+
+    @overload(maximum, target="cuda")
+    def _maximum_cuda(a, b):
+        return _max_impl(a == f16)
+
+    @overload(minimum, target="cuda")
+    def _minimum_cuda(a, b):
+        return _min_impl(a == f16)
+
+    @overload(fma, target="cuda")
+    def _fma_cuda(a, b, c):
+        return _fma_impl(_fma_kind(a, b, c), mul, add, sub)
+
+    _CUDA_REGISTERED = True
