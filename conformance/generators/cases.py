@@ -216,6 +216,71 @@ CASES = [
        api="optax.chain(clip_by_global_norm, sgd) (jit)"),
 ]
 
+# ---- RMSprop: the four forms (plain, momentum, centered, centered + momentum) per convention,
+# rho 0.9 and epsilon 1e-7 everywhere (torch alpha, TF1/optax decay), float32, dense gradients.
+_RMS = dict(learning_rate=0.01, rho=0.9, epsilon=1e-7)
+_RMS_FORMS = [
+    ("", {}),
+    ("_momentum", dict(momentum=0.9)),
+    ("_centered", dict(centered=True)),
+    ("_centered_momentum", dict(centered=True, momentum=0.9)),
+]
+_RMS_API = {
+    TF: "tf_keras.optimizers.RMSprop",
+    K3: "keras.optimizers.RMSprop",
+    K2: "tf.keras.optimizers.legacy.RMSprop",
+    TF1: "tf.compat.v1.train.RMSPropOptimizer",
+    TORCH: "torch.optim.RMSprop (for-loop)",
+    OPTAX: "optax.rmsprop (jit)",
+}
+
+# Tolerances (measured with refopt.reference.rmsprop_update, resync every step): tf_keras and
+# optax call rsqrt, torch's for-loop path sqrt, none correctly rounded on CPU (refopt's are).
+# Every differing element is reproduced exactly with that one result moved by 1 ulp; the
+# tolerance is larger where w - step or momentum*buf + step cancels.
+_RSQRT_TF = "tf.math.rsqrt on CPU is not correctly rounded (1 ulp off on some elements)"
+_RSQRT_XLA = "XLA:CPU's rsqrt under jit is not correctly rounded (1 ulp off on some elements)"
+_SQRT_MKL = ("the for-loop path takes MKL's sqrt, not correctly rounded (1 ulp off on some "
+             "elements)")
+_CANCEL = ", amplified where the update cancels"
+_RMS_TOL = {
+    "tf_keras/rmsprop_f32": (4, f"4 ulp: {_RSQRT_TF}{_CANCEL}"),
+    "tf_keras/rmsprop_momentum_f32": (8, f"8 ulp: {_RSQRT_TF}{_CANCEL}"),
+    "tf_keras/rmsprop_centered_f32": (4, f"4 ulp: {_RSQRT_TF}{_CANCEL}"),
+    "tf_keras/rmsprop_centered_momentum_f32": (16, f"16 ulp: {_RSQRT_TF}{_CANCEL}"),
+    "torch/rmsprop_f32": (4, f"4 ulp: {_SQRT_MKL}{_CANCEL}"),
+    "torch/rmsprop_momentum_f32": (8, f"8 ulp: {_SQRT_MKL}{_CANCEL}"),
+    "torch/rmsprop_centered_f32": (2, f"2 ulp: {_SQRT_MKL}{_CANCEL}"),
+    "torch/rmsprop_centered_momentum_f32": (32, f"32 ulp: {_SQRT_MKL}{_CANCEL}"),
+    "optax/rmsprop_f32": (8, f"8 ulp: {_RSQRT_XLA}{_CANCEL}"),
+    "optax/rmsprop_momentum_f32": (8, f"8 ulp: {_RSQRT_XLA}{_CANCEL}"),
+    "optax/rmsprop_centered_f32": (1, f"1 ulp: {_RSQRT_XLA}"),
+    "optax/rmsprop_centered_momentum_f32": (8, f"8 ulp: {_RSQRT_XLA}{_CANCEL}"),
+}
+
+
+def _rms_tol(id):
+    tol, why = _RMS_TOL.get(id, (0, ""))
+    return dict(tol=tol, why=why)
+
+
+CASES += [
+    _c(f"{conv}/rmsprop{suffix}_f32", conv, "RMSprop", dict(_RMS, **extra), api=_RMS_API[conv],
+       **_rms_tol(f"{conv}/rmsprop{suffix}_f32"))
+    for conv in (TF, K3, K2, TF1, TORCH, OPTAX)
+    for suffix, extra in _RMS_FORMS
+] + [
+    _c("tf_keras/rmsprop_f64", TF, "RMSprop", dict(_RMS), dtype="float64",
+       api=_RMS_API[TF], tol=2,
+       why="2 ulp: TF's float64 rsqrt is 1/sqrt rounded twice (refopt's is correctly rounded)"),
+    _c("tf1/rmsprop_default_eps_f32", TF1, "RMSprop", dict(learning_rate=0.01, rho=0.9),
+       api="tf.compat.v1.train.RMSPropOptimizer (default epsilon 1e-10)"),
+    _c("torch/rmsprop_f64", TORCH, "RMSprop", dict(_RMS), dtype="float64",
+       api=_RMS_API[TORCH]),
+    _c("optax/rmsprop_eps_outside_f32", OPTAX, "RMSprop", dict(_RMS),
+       api="optax.rmsprop(eps_in_sqrt=False) (jit)", variant=dict(eps_in_sqrt=False)),
+]
+
 _BY_ID = {c["id"]: c for c in CASES}
 assert len(_BY_ID) == len(CASES), "duplicate case ids"
 
@@ -281,5 +346,6 @@ def _sparse_grad(rng, shape, k, dtype):
 
 
 #: Slot names in the recorded files (refopt's names): ``m``, ``v``, ``vhat`` (Adam family),
-#: ``m`` (SGD momentum buffer), ``average`` (EMA).
-SLOT_NAMES = ("m", "v", "vhat", "average")
+#: ``m`` (SGD momentum buffer), ``average`` (EMA); RMSprop: ``velocity`` (the mean square),
+#: ``momentum``, ``average_gradient`` (centered).
+SLOT_NAMES = ("m", "v", "vhat", "average", "velocity", "momentum", "average_gradient")

@@ -13,6 +13,9 @@ the transformation's ``update`` under ``jax.jit`` (updates and state) and then
 * ``optax.amsgrad``:          ``mu`` -> ``m``, ``nu`` -> ``v``, ``nu_max`` -> ``vhat``
                               (optax's maximum is over the *bias-corrected* nu)
 * ``optax.sgd`` with momentum: ``trace`` -> ``m``
+* ``optax.rmsprop``:          ``nu`` -> ``velocity``; centered (``scale_by_stddev``) ``mu`` ->
+                              ``average_gradient``; with momentum ``trace`` -> ``momentum``
+                              (``rho`` is optax's ``decay``; ``variant`` may set ``eps_in_sqrt``)
 
 float64 cases need ``jax_enable_x64``, which must be set before JAX computes anything and which
 also changes how Python-float hyperparameters promote (the float32 cases must run without it).
@@ -47,6 +50,8 @@ import store  # noqa: E402
 
 _ADAM_KEYS = {"learning_rate": "learning_rate", "beta_1": "b1", "beta_2": "b2",
               "epsilon": "eps"}
+_RMSPROP_KEYS = {"learning_rate": "learning_rate", "rho": "decay", "epsilon": "eps",
+                 "momentum": "momentum", "centered": "centered"}
 _WRAPPER_KEYS = {"global_clipnorm", "clipvalue"}
 
 
@@ -87,6 +92,11 @@ def build_transformation(case):
     elif name == "SGD":
         tx = optax.sgd(**_kwargs(case, {"learning_rate": "learning_rate", "momentum": "momentum",
                                          "nesterov": "nesterov"}))
+    elif name == "RMSprop":
+        if hyper.get("momentum", None) == 0.0:
+            # optax would still chain trace(decay=0); Keras' momentum=0 means no momentum at all
+            raise ValueError(f"{case['id']}: leave momentum out (optax's None) instead of 0")
+        tx = optax.rmsprop(**_kwargs(case, _RMSPROP_KEYS))
     else:
         raise ValueError(f"{case['id']}: optimizer {name!r} is not mapped for optax")
     before = []
@@ -105,9 +115,14 @@ def _walk_states(state):
             yield from _walk_states(s)
 
 
-def record_slots(state, n):
-    """refopt slot name -> list (variables) of ndarray, from the optax state."""
+def record_slots(state, n, optimizer=None):
+    """refopt slot name -> list (variables) of ndarray, from the optax state.
+
+    For ``optimizer == "RMSprop"`` the names are RMSprop's: ``nu`` -> ``velocity``, the
+    centered ``mu`` -> ``average_gradient``, ``trace`` -> ``momentum``.
+    """
     found = {}
+    rms = optimizer == "RMSprop"
 
     def put(name, leaves):
         assert name not in found, f"two states give slot {name!r}"
@@ -115,7 +130,15 @@ def record_slots(state, n):
         found[name] = [np.array(x) for x in leaves]
 
     for s in _walk_states(state):
-        if isinstance(s, optax.ScaleByAmsgradState):
+        if rms and isinstance(s, optax.ScaleByRmsState):
+            put("velocity", s.nu)
+        elif rms and isinstance(s, optax.ScaleByRStdDevState):
+            put("average_gradient", s.mu), put("velocity", s.nu)
+        elif rms and isinstance(s, optax.TraceState):
+            put("momentum", s.trace)
+        elif rms and getattr(s, "_fields", ()):  # EmptyState has no fields
+            raise ValueError(f"unexpected optax state {type(s).__name__} in rmsprop")
+        elif isinstance(s, optax.ScaleByAmsgradState):
             put("m", s.mu), put("v", s.nu), put("vhat", s.nu_max)
         elif isinstance(s, optax.ScaleByAdamState):
             put("m", s.mu), put("v", s.nu)
@@ -143,7 +166,7 @@ def run_case(case):
         updates, state = update(g, state, params)
         params = optax.apply_updates(params, updates)
         recorded_params.append([np.array(p) for p in params])
-        for name, per_var in record_slots(state, len(params)).items():
+        for name, per_var in record_slots(state, len(params), case["optimizer"]).items():
             slots.setdefault(name, [[None] * len(params)] * (k - 1)).append(per_var)
     store.save_case(case, framework="optax", versions=versions(), init=init, grads=grads,
                     params=recorded_params, slots=slots)

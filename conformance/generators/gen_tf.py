@@ -58,7 +58,8 @@ def _build_optimizer(case, tf_keras, keras):
     lr = hyper.get("learning_rate")
     if isinstance(lr, dict):  # a serialized schedule
         hyper["learning_rate"] = mod.schedules.deserialize(lr)
-    cls = {"Adam": mod.Adam, "AdamW": mod.AdamW, "SGD": mod.SGD}[case["optimizer"]]
+    cls = {"Adam": mod.Adam, "AdamW": mod.AdamW, "SGD": mod.SGD,
+           "RMSprop": mod.RMSprop}[case["optimizer"]]
     return cls(**hyper)
 
 
@@ -82,6 +83,14 @@ def _record_slots(case, opt, variables):
     elif case["optimizer"] == "SGD":
         if hyper.get("momentum", 0.0) != 0.0:
             out["m"] = [opt.momentums[i] for i in idx]
+    elif case["optimizer"] == "RMSprop":
+        # Both create velocities always, momentums only with momentum > 0, average_gradients
+        # only when centered (an empty list otherwise).
+        out["velocity"] = [opt._velocities[i] for i in idx]
+        if opt._momentums:
+            out["momentum"] = [opt._momentums[i] for i in idx]
+        if opt._average_gradients:
+            out["average_gradient"] = [opt._average_gradients[i] for i in idx]
     else:
         raise ValueError(case["optimizer"])
     if hyper.get("use_ema", False):

@@ -47,6 +47,7 @@ def _keras2_optimizer(case, tf, tfa):
     if isinstance(lr, dict):
         hyper["learning_rate"] = tf.keras.optimizers.schedules.deserialize(lr)
     cls = {"Adam": tf.keras.optimizers.legacy.Adam, "SGD": tf.keras.optimizers.legacy.SGD,
+           "RMSprop": tf.keras.optimizers.legacy.RMSprop,
            "LazyAdam": tfa.optimizers.LazyAdam}[case["optimizer"]]
     return cls(**hyper)  # epsilon=0.0 goes in as is (legacy Adam turns it into 1e-7)
 
@@ -61,6 +62,14 @@ def _keras2_slot_names(case):
         return names
     if case["optimizer"] == "SGD":
         return [("momentum", "m")] if hyper.get("momentum", 0.0) != 0.0 else []
+    if case["optimizer"] == "RMSprop":
+        # legacy RMSprop: "rms" always, "momentum" only with momentum > 0, "mg" if centered
+        names = [("rms", "velocity")]
+        if hyper.get("momentum", 0.0) != 0.0:
+            names.append(("momentum", "momentum"))
+        if hyper.get("centered", False):
+            names.append(("mg", "average_gradient"))
+        return names
     raise ValueError(case["optimizer"])
 
 
@@ -145,7 +154,7 @@ def _emulated_lazy_adam_class(tf):
 def _tf1_optimizer(case, tf):
     hyper = dict(case["hyperparameters"])
     known = {"learning_rate", "beta_1", "beta_2", "epsilon", "momentum", "nesterov",
-             "global_clipnorm"}
+             "global_clipnorm", "rho", "centered"}
     unknown = set(hyper) - known
     if unknown:
         raise ValueError(f"{case['id']}: no TF1 equivalent for {sorted(unknown)}")
@@ -159,6 +168,17 @@ def _tf1_optimizer(case, tf):
         cls = (tf.compat.v1.train.AdamOptimizer if case["optimizer"] == "Adam"
                else _emulated_lazy_adam_class(tf))
         return cls(**kw), [("m", "m"), ("v", "v")]
+    if case["optimizer"] == "RMSprop":
+        kw = {"learning_rate": hyper["learning_rate"]}
+        for ours, theirs in (("rho", "decay"), ("momentum", "momentum"), ("epsilon", "epsilon"),
+                             ("centered", "centered")):
+            if ours in hyper:
+                kw[theirs] = hyper[ours]
+        # TF1 always creates "rms" (initialised to ones) and "momentum"; "mg" when centered.
+        names = [("rms", "velocity"), ("momentum", "momentum")]
+        if hyper.get("centered", False):
+            names.append(("mg", "average_gradient"))
+        return tf.compat.v1.train.RMSPropOptimizer(**kw), names
     if case["optimizer"] == "SGD":
         momentum = hyper.get("momentum", 0.0)
         if momentum == 0.0:

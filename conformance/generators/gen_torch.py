@@ -12,6 +12,8 @@ with :func:`store.save_case` under refopt's slot names:
 * Adam / AdamW: ``exp_avg`` -> ``m``, ``exp_avg_sq`` -> ``v``, ``max_exp_avg_sq`` -> ``vhat``
 * SparseAdam:   ``exp_avg`` -> ``m``, ``exp_avg_sq`` -> ``v``
 * SGD:          ``momentum_buffer`` -> ``m`` (torch creates it at the first step with momentum)
+* RMSprop:      ``square_avg`` -> ``velocity``, ``momentum_buffer`` -> ``momentum`` (momentum > 0),
+                ``grad_avg`` -> ``average_gradient`` (centered); ``rho`` is torch's ``alpha``
 * EMA:          the parameters of ``AveragedModel(multi_avg_fn=get_ema_multi_avg_fn(d))``,
                 updated after every optimizer step -> ``average``
 
@@ -53,6 +55,8 @@ _OPTIMIZERS = {
     "LazyAdam": (torch.optim.SparseAdam, {"learning_rate": "lr", "epsilon": "eps"}, True),
     "SGD": (torch.optim.SGD, {"learning_rate": "lr", "momentum": "momentum",
                               "nesterov": "nesterov"}, False),
+    "RMSprop": (torch.optim.RMSprop, {"learning_rate": "lr", "rho": "alpha", "epsilon": "eps",
+                                      "momentum": "momentum", "centered": "centered"}, False),
 }
 # Handled around the optimizer rather than passed to it.
 _WRAPPER_KEYS = {"global_clipnorm", "clipvalue", "use_ema", "ema_momentum"}
@@ -60,6 +64,9 @@ _WRAPPER_KEYS = {"global_clipnorm", "clipvalue", "use_ema", "ema_momentum"}
 # torch state name -> refopt slot name
 _STATE_SLOTS = {"exp_avg": "m", "exp_avg_sq": "v", "max_exp_avg_sq": "vhat",
                 "momentum_buffer": "m"}
+# RMSprop's state under refopt's RMSprop slot names
+_RMSPROP_SLOTS = {"square_avg": "velocity", "momentum_buffer": "momentum",
+                  "grad_avg": "average_gradient"}
 
 
 def versions():
@@ -117,7 +124,8 @@ def run_case(case):
     sparse_expected = isinstance(optimizer, torch.optim.SparseAdam)
 
     recorded_params = []
-    slots = {name: [] for name in ("m", "v", "vhat", "average")}
+    state_slots = _RMSPROP_SLOTS if case["optimizer"] == "RMSprop" else _STATE_SLOTS
+    slots = {name: [] for name in (*sorted(set(state_slots.values())), "average")}
     for row in grads:
         for p, g in zip(params, row):
             if isinstance(g, tuple) != sparse_expected and g is not None:
@@ -135,8 +143,8 @@ def run_case(case):
         per_slot = {name: [None] * len(params) for name in slots}
         for i, p in enumerate(params):
             for key, value in optimizer.state.get(p, {}).items():
-                if key in _STATE_SLOTS and isinstance(value, torch.Tensor):
-                    per_slot[_STATE_SLOTS[key]][i] = value.detach().numpy().copy()
+                if key in state_slots and isinstance(value, torch.Tensor):
+                    per_slot[state_slots[key]][i] = value.detach().numpy().copy()
         if ema is not None:
             for i, a in enumerate(ema.module.parameters()):
                 per_slot["average"][i] = a.detach().numpy().copy()

@@ -8,7 +8,8 @@
                                   (no key at all: the variable had no gradient, ``None``)
 ``param/{k}/{i}``                 the variable after step ``k``
 ``slot/{name}/{k}/{i}``           state after step ``k`` under refopt's slot name
-                                  (``m``, ``v``, ``vhat``, ``average``)
+                                  (``m``, ``v``, ``vhat``, ``average``; RMSprop: ``velocity``,
+                                  ``momentum``, ``average_gradient``)
 
 ``manifest.json``: ``{"format": 1, "cases": [entry, ...]}``, entries sorted by id; an entry is the
 case of ``cases.py`` plus ``file``, ``framework``, ``framework_version`` (a dict of package
@@ -71,7 +72,8 @@ def save_case(case, *, framework, versions, init, grads, params, slots, emulated
             assert p.dtype == dtype and p.shape == tuple(case["shapes"][i]), (case["id"], k, i)
             arrays[f"param/{k}/{i}"] = p
     for name, per_step in slots.items():
-        assert name in ("m", "v", "vhat", "average"), name
+        assert name in ("m", "v", "vhat", "average", "velocity", "momentum",
+                        "average_gradient"), name
         for k, row in enumerate(per_step, start=1):
             for i, s in enumerate(row):
                 if s is None:

@@ -15,11 +15,18 @@ from refopt.reference.clipping import (
 )
 from refopt.reference.ema import ema_update
 from refopt.reference.lazy_adam import lazy_adam_update
+from refopt.reference.rmsprop import (
+    RMSpropResult,
+    initial_velocity,
+    rmsprop_initial_state,
+    rmsprop_update,
+)
 from refopt.reference.sgd import SGDResult, sgd_update
 from refopt.reference.weight_decay import apply_weight_decay
 
 __all__ = [
     "AdamResult",
+    "RMSpropResult",
     "SGDResult",
     "adam_scalars",
     "adam_update",
@@ -29,6 +36,9 @@ __all__ = [
     "clip_by_value",
     "ema_update",
     "global_norm",
+    "initial_velocity",
     "lazy_adam_update",
+    "rmsprop_initial_state",
+    "rmsprop_update",
     "sgd_update",
 ]
