@@ -8,7 +8,7 @@ API (:class:`Adam`, :class:`AdamW`, :class:`LazyAdam`, :class:`SGD`), learning-r
 
 from refopt.indexed_slices import IndexedSlices
 from refopt import reference, schedules
-from refopt.optimizers import SGD, Adam, AdamW, LazyAdam, Optimizer
+from refopt.optimizers import SGD, Adam, AdamW, LazyAdam, Optimizer, RMSprop
 from refopt.checkpoint import load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"
@@ -19,6 +19,7 @@ __all__ = [
     "IndexedSlices",
     "LazyAdam",
     "Optimizer",
+    "RMSprop",
     "SGD",
     "load_checkpoint",
     "reference",

@@ -277,7 +277,7 @@ CASES += [
        api="tf.compat.v1.train.RMSPropOptimizer (default epsilon 1e-10)"),
     _c("torch/rmsprop_f64", TORCH, "RMSprop", dict(_RMS), dtype="float64",
        api=_RMS_API[TORCH]),
-    _c("optax/rmsprop_eps_outside_f32", OPTAX, "RMSprop", dict(_RMS),
+    _c("optax/rmsprop_eps_outside_f32", OPTAX, "RMSprop", dict(_RMS, eps_in_sqrt=False),
        api="optax.rmsprop(eps_in_sqrt=False) (jit)", variant=dict(eps_in_sqrt=False)),
 ]
 

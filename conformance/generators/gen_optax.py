@@ -51,7 +51,7 @@ import store  # noqa: E402
 _ADAM_KEYS = {"learning_rate": "learning_rate", "beta_1": "b1", "beta_2": "b2",
               "epsilon": "eps"}
 _RMSPROP_KEYS = {"learning_rate": "learning_rate", "rho": "decay", "epsilon": "eps",
-                 "momentum": "momentum", "centered": "centered"}
+                 "momentum": "momentum", "centered": "centered", "eps_in_sqrt": "eps_in_sqrt"}
 _WRAPPER_KEYS = {"global_clipnorm", "clipvalue"}
 
 

@@ -175,6 +175,19 @@ class Adam(Optimizer):
 
         return "adam", self.amsgrad, scalars_for
 
+    def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
+                    optax_weight_decay=None):
+        """The fast paths' rule for one step (see :meth:`Optimizer.update_rule`)."""
+        from refopt.rules.adam import adam_call
+
+        conv = self.convention
+        if lazy_rows and conv.lazy_update == "torch_sparse" and self.amsgrad:
+            return None  # SparseAdam has no AMSGrad: the reference raises
+        return adam_call(dtype, conv, learning_rate=learning_rate, beta_1=self.beta_1,
+                         beta_2=self.beta_2, epsilon=self.epsilon, step=step,
+                         amsgrad=self.amsgrad, optax_weight_decay=optax_weight_decay,
+                         lazy_rows=lazy_rows)
+
     def _cuda_update(self):
         return "adam", self.amsgrad, dict(beta_1=self.beta_1, beta_2=self.beta_2,
                                           epsilon=self.epsilon)

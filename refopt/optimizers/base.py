@@ -492,9 +492,37 @@ class Optimizer:
         """Names of the per-variable state arrays."""
         return tuple(name for group in self._slot_groups() for name in group)
 
+    def _slot_initial_value(self, name, dtype):
+        """The value slot ``name`` starts with (0; TF1's RMSprop ``velocity`` starts at 1)."""
+        return np.dtype(dtype).type(0)
+
     def _update_step(self, param, grad, slots, learning_rate, step):
         """Return ``(new_param, {slot: new_array})`` for one variable; must not mutate."""
         raise NotImplementedError
+
+    def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
+                    optax_weight_decay=None):
+        """The rule the fast backends run for one step of variables of ``dtype``, or ``None``.
+
+        Override it, together with :meth:`update_step`, to make an optimizer fast on
+        ``backend="cpu"`` and ``"cuda"``: return a :class:`refopt.rules.RuleCall` (the rule,
+        whose element is written with :mod:`refopt.rules.ops`, and this step's scalars and
+        flags, rounded as the framework rounds them). ``None`` (the default): the step runs
+        :meth:`update_step` in NumPy on every backend.
+
+        Parameters
+        ----------
+        dtype : numpy.dtype
+        learning_rate : float
+            This step's learning rate (a schedule already evaluated).
+        step : int
+            The 1-based step ``t`` of these variables.
+        lazy_rows : bool
+            The call is for the present rows of a lazy sparse step.
+        optax_weight_decay : float or None
+            optax ``adamw``'s decay, inside the update.
+        """
+        return None
 
     def _fast_update(self, learning_rate, step):
         """For ``backend="cpu"``: ``(kind, flag, scalars_for_dtype)`` of the fused kernel.
@@ -611,7 +639,8 @@ class Optimizer:
                     for v in var_list
                 ]
             self._slots = {
-                name: [np.zeros_like(v) for v in var_list] for name in self._slot_names()
+                name: [np.full_like(v, self._slot_initial_value(name, v.dtype))
+                       for v in var_list] for name in self._slot_names()
             }
 
     def _position(self, var):

@@ -114,6 +114,14 @@ class SGD(Optimizer):
 
         return "sgd", self.nesterov, lambda dtype: dict(alpha=tf_cast(dtype, self.momentum))
 
+    def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
+                    optax_weight_decay=None):
+        """The fast paths' rule for one step (see :meth:`Optimizer.update_rule`)."""
+        from refopt.rules.sgd import sgd_call
+
+        return sgd_call(dtype, self.convention, learning_rate=learning_rate,
+                        momentum=self.momentum, nesterov=self.nesterov)
+
     def _cuda_update(self):
         return "sgd", self.nesterov, dict(momentum=self.momentum)
 

@@ -30,11 +30,14 @@ loops the first.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import types
-from numba.core.extending import overload
+from numba.core.extending import overload, register_jitable
 
-__all__ = ["add", "sub", "mul", "div", "sqrt", "fma", "maximum", "minimum", "register_cuda"]
+__all__ = ["add", "sub", "mul", "div", "sqrt", "fma", "rsqrt", "maximum", "minimum",
+           "register_cuda"]
 
 _SPLIT = 134217729.0  # 2**27 + 1 (Veltkamp)
 
@@ -103,6 +106,85 @@ def fma(a, b, c):
         if dt == np.float64:
             return _fma64_py(a, b, c)
         return a * b + c
+
+
+# ----------------------------------------------------------------------------- rsqrt
+# Correctly rounded 1/sqrt(x), built from the operations above (so the same bits on every
+# target): the algorithms of :func:`refopt.reference.rmsprop.rsqrt`, per element.
+def _two_prod(a, b):
+    p = mul(a, b)
+    ta = mul(134217729.0, a)
+    ah = sub(ta, sub(ta, a))
+    al = sub(a, ah)
+    tb = mul(134217729.0, b)
+    bh = sub(tb, sub(tb, b))
+    bl = sub(b, bh)
+    e = add(add(add(sub(mul(ah, bh), p), mul(ah, bl)), mul(al, bh)), mul(al, bl))
+    return p, e
+
+
+def _residual(m, x):
+    # the sign of m*m*x - 1, exactly (m has at most 26 bits, so m*m is exact)
+    p, e = _two_prod(mul(m, m), x)
+    return add(sub(p, 1.0), e)
+
+
+def _positive_finite(x64):
+    return x64 > 0.0 and x64 <= 1.7976931348623157e308
+
+
+def _rsqrt16(x):
+    x64 = np.float64(x)
+    return np.float16(div(1.0, sqrt(x64)))
+
+
+def _rsqrt32(x):
+    x64 = np.float64(x)
+    r = div(1.0, sqrt(x64))
+    y = np.float32(r)
+    if not _positive_finite(x64):
+        return y
+    yd = np.float64(y)
+    m, e = math.frexp(yd)
+    h = math.ldexp(1.0, e - 25)  # half an ulp of y
+    hd = mul(h, 0.5) if m == 0.5 else h  # half an ulp below y (less at a power of two)
+    if _residual(add(yd, h), x64) < 0.0:  # the root lies above the upper midpoint
+        return np.float32(add(yd, mul(h, 2.0)))
+    if _residual(sub(yd, hd), x64) > 0.0:  # below the lower midpoint
+        return np.float32(sub(yd, mul(hd, 2.0)))
+    return y
+
+
+def _rsqrt64(x):
+    if not _positive_finite(x):
+        return div(1.0, sqrt(x))
+    f, e = math.frexp(x)
+    if e % 2 != 0:
+        f = mul(f, 2.0)
+        e = e - 1
+    y0 = div(1.0, sqrt(f))
+    a, b = _two_prod(y0, y0)
+    c, d = _two_prod(a, f)
+    z = add(add(sub(c, 1.0), d), mul(b, f))
+    y = add(y0, mul(y0, mul(z, sub(mul(0.375, z), 0.5))))
+    return math.ldexp(y, -(e // 2))
+
+
+def rsqrt(x):
+    """Correctly rounded ``1/sqrt(x)`` (``0 -> inf``, ``inf -> 0``, negative or NaN -> NaN).
+
+    float32: ``1/sqrt`` in float64, rounded, then corrected by at most one ulp by the exact
+    sign of ``m^2 x - 1`` at the neighbouring midpoints ``m``; float64: one Newton step with
+    an error-free residual; float16: ``1/sqrt`` in float64 rounded once. The same algorithm
+    as :func:`refopt.reference.rmsprop.rsqrt`, written with this module's operations.
+    """
+    dt = np.asarray(x).dtype
+    with np.errstate(all="ignore"):
+        if dt == np.float64:
+            return np.float64(_rsqrt64(np.float64(x)))
+        if dt == np.float32:
+            return _rsqrt32(x)
+        return _rsqrt16(x)
 
 
 # ----------------------------------------------------------------------------- CPU
@@ -196,6 +278,21 @@ def _fma_kind(a, b, c):
     return "f16"
 
 
+def _rsqrt_overload(x):
+    if x == types.float64:
+        return _rsqrt64
+    if x == types.float32:
+        return _rsqrt32
+    if x == types.float16:
+        return _rsqrt16
+    return None
+
+
+for _helper in (_two_prod, _residual, _positive_finite, _rsqrt16, _rsqrt32, _rsqrt64):
+    register_jitable(_helper)
+overload(rsqrt, target="cpu")(_rsqrt_overload)
+
+
 @overload(fma, target="cpu")
 def _fma_cpu(a, b, c):
     return _fma_impl(_fma_kind(a, b, c), mul, add, sub)
@@ -254,6 +351,8 @@ def register_cuda():
     @overload(minimum, target="cuda")
     def _minimum_cuda(a, b):
         return _min_impl(a == f16)
+
+    overload(rsqrt, target="cuda")(_rsqrt_overload)
 
     @overload(fma, target="cuda")
     def _fma_cuda(a, b, c):
