@@ -68,7 +68,7 @@ class FlatState:
         semantics compute both from the old values, which an in-place pass cannot).
     """
 
-    def __init__(self, var_list, slot_names, use_ema):
+    def __init__(self, var_list, slot_names, use_ema, initial=None, average_zero=False):
         n = len(var_list)
         self.offset = np.zeros(n, np.int64)
         self.count = np.array([v.size for v in var_list], np.int64)
@@ -83,6 +83,12 @@ class FlatState:
         names = tuple(slot_names) + (("average",) if use_ema else ())
         self.buffers = {dt: {name: np.zeros(total, dt) for name in names}
                         for dt, total in totals.items()}
+        if initial is not None:  # slots that do not start at zero (TF1's RMSprop velocity)
+            for dt, per_dtype in self.buffers.items():
+                for name in slot_names:
+                    value = initial(name, dt)
+                    if value != 0:
+                        per_dtype[name].fill(value)
         self.slots = {name: [] for name in slot_names}
         self.averages = []
         for i, var in enumerate(var_list):
@@ -91,7 +97,8 @@ class FlatState:
                 self.slots[name].append(self.buffers[var.dtype][name][lo:hi].reshape(var.shape))
             if use_ema:
                 avg = self.buffers[var.dtype]["average"][lo:hi].reshape(var.shape)
-                np.copyto(avg, var)
+                if not average_zero:  # Keras 3 starts its averages at zero
+                    np.copyto(avg, var)
                 self.averages.append(avg)
         # Memory the kernels write: the variables and the flat buffers, as sorted byte ranges.
         ranges = [(a, a + v.nbytes) for a, v in zip(self.paddr.tolist(), var_list) if v.nbytes]
@@ -201,17 +208,25 @@ _CAPABLE = {}
 
 
 def fast_capable(cls):
-    """Whether ``cls``'s update has a fused kernel: the class that defines its
-    ``_update_step`` also defines ``_fast_update`` (a subclass that rewrites the update of
-    Adam or SGD, or a new optimizer, takes the staged path with its own ``_update_step``)."""
+    """Whether ``cls``'s update has a rule: the class that defines its ``_update_step`` also
+    defines ``update_rule`` (a subclass that rewrites the NumPy update of Adam or SGD, or a
+    new optimizer without a rule, takes the staged path with its own ``_update_step``)."""
     if cls not in _CAPABLE:
         owner = next((k for k in cls.__mro__ if "_update_step" in vars(k)), None)
-        _CAPABLE[cls] = owner is not None and "_fast_update" in vars(owner)
+        _CAPABLE[cls] = owner is not None and "update_rule" in vars(owner)
     return _CAPABLE[cls]
 
 
+class _Group:
+    """The tensors of one fused call: one dtype and one step (PyTorch counts per variable)."""
+
+    def __init__(self, dtype, step):
+        self.dtype, self.step = dtype, step
+        self.pos, self.grads, self.active = [], [], []
+
+
 def try_fast_step(opt, positions, grads, lr_value):
-    """Run one step of ``opt`` in place with the fused CPU kernels, if it qualifies.
+    """Run one step of ``opt`` in place with the rule-built CPU kernels, if it qualifies.
 
     Parameters
     ----------
@@ -222,13 +237,16 @@ def try_fast_step(opt, positions, grads, lr_value):
     grads : list of (ndarray or IndexedSlices)
         Their gradients (validated).
     lr_value : float
-        This step's learning rate (float32-rounded).
+        This step's learning rate.
 
     Returns
     -------
     bool
-        ``True`` if the step was applied (the caller only moves the counter), ``False`` if it
-        does not qualify and nothing was touched (the caller takes the staged path).
+        ``True`` if the step was applied (the caller moves the counters), ``False`` if it does
+        not qualify and nothing was touched (the caller takes the staged path): float16,
+        variables sharing memory, non-lazy sparse gradients, a rule-less optimizer, Keras 2's
+        several clips in sequence, norm clipping of torch/optax over mixed dtypes or sparse
+        gradients.
 
     Raises
     ------
@@ -236,23 +254,10 @@ def try_fast_step(opt, positions, grads, lr_value):
         A global clip norm over gradients of mixed dtypes (TensorFlow's rule), raised before
         anything is written.
     """
-    from refopt.kernels.cpu import _kernels as K
-    from refopt.kernels.cpu._common import (
-        flags,
-        launch,
-        lr_cast,
-        rows2d,
-        scalar,
-        scalars,
-        stable_order,
-        tf_cast,
-    )
-    from refopt.kernels.cpu.clipping import (
-        global_norm,
-        global_scale,
-        norm_denominators,
-        sums_of_squares,
-    )
+    from refopt.kernels.cpu import drivers
+    from refopt.kernels.cpu._common import launch, rows2d, stable_order
+    from refopt.kernels.cpu.clipping import global_norm, sums_of_squares
+    from refopt.optimizers import _plan
 
     state = opt._flat
     if state is None or state.overlap or not fast_capable(type(opt)):
@@ -262,107 +267,147 @@ def try_fast_step(opt, positions, grads, lr_value):
     if not np.array_equal(data_addresses([opt._vars[i] for i in positions]),
                           state.paddr[positions]):
         return False
-    dense, sparse = {}, []
+    conv = opt.convention
     dtype_of = state.dtype_of
-    if state.single_dtype is not None and all(type(g) is np.ndarray for g in grads):
-        if state.single_dtype in _FALLBACK:
-            return False
-        dense[state.single_dtype] = (positions, grads)
-    else:
-        for i, g in zip(positions, grads):
-            dt = dtype_of[i]
-            if dt in _FALLBACK:
-                return False
-            if type(g) is np.ndarray:
-                pos_list, grad_list = dense.setdefault(dt, ([], []))
-                pos_list.append(i)
-                grad_list.append(g)
-            elif opt._lazy_sparse and isinstance(g, IndexedSlices):
-                sparse.append((i, g))
-            else:
-                return False
+    if any(dtype_of[i] in _FALLBACK for i in positions):
+        return False
+    lazy = opt._is_lazy()
+    sparse = [k for k, g in enumerate(grads) if type(g) is not np.ndarray]
+    if sparse and (not lazy or conv.keras3_sparse_square):
+        return False
+    kind, _ = _plan.clip_kind(opt)
+    if kind == "several":
+        return False
+    if kind in ("norm", "global") and conv.clip_formula != "tf" and (
+            sparse or len({dtype_of[i] for i in positions}) > 1):
+        return False
+    per_var = conv.step_counter == "per_variable"
+    steps = [(opt._var_steps[i] if per_var else opt._iterations) + 1 for i in positions]
 
-    step = opt._iterations + 1
-    mode, clip = 0, None
-    if opt.clipnorm and opt.clipnorm > 0:
-        mode, clip = 2, max(opt.clipnorm, 0)
-    elif opt.global_clipnorm and opt.global_clipnorm > 0:
-        mode = 3
-        norm = global_norm(grads)  # TypeError on mixed dtypes, as TF
-        _, gscale = global_scale(norm, opt.global_clipnorm)
-    elif opt.clipvalue and opt.clipvalue > 0:
-        mode, clip = 1, opt.clipvalue
-    ema = opt.use_ema
-    overwrite = bool(ema and opt.ema_overwrite_frequency
-                     and step % opt.ema_overwrite_frequency == 0)
-    kind, ams, update_scalars = opt._fast_update(lr_value, step)
+    # Norms: every gradient's sum of squares (NumPy's pairwise order), one call per dtype.
+    values = [g if type(g) is np.ndarray else rows2d(g.values) for g in grads]
+    sums = [None] * len(grads)
+    gnorm = None
+    if kind in ("norm", "global"):
+        if kind == "global" and conv.clip_formula == "tf":
+            gnorm = global_norm(grads)  # TypeError on mixed dtypes, as TF
+        else:
+            for dt in {dtype_of[i] for i in positions}:
+                ks = [k for k, i in enumerate(positions) if dtype_of[i] == dt]
+                for k, v in zip(ks, sums_of_squares([values[k] for k in ks], dt)):
+                    sums[k] = v
+
+    # Clip mode, denominator and scale per gradient (global clipping over all of them).
+    by_dtype = {}
+    for k, i in enumerate(positions):
+        by_dtype.setdefault(dtype_of[i], []).append(k)
+    cm, cd, cs = [None] * len(grads), [None] * len(grads), [None] * len(grads)
+    cvs = {}
+    for dt, ks in by_dtype.items():
+        sub = [sums[k] for k in ks] if sums[ks[0]] is not None else None
+        cmode, cden, cscale, cv = _plan.clip_arrays(opt, dt, len(ks), sub, gnorm)
+        cvs[dt] = cv
+        for j, k in enumerate(ks):
+            cm[k], cd[k], cs[k] = cmode[j], cden[j], cscale[j]
+
     excluded = opt._exclude_ids
     decaying = opt.weight_decay is not None
+    groups = {}
+    rows_calls = []
+    for k, (i, g) in enumerate(zip(positions, grads)):
+        key = (dtype_of[i], steps[k])
+        grp = groups.get(key)
+        if grp is None:
+            grp = groups[key] = _Group(dtype_of[i], steps[k])
+        if type(g) is np.ndarray:
+            grp.pos.append(i)
+            grp.grads.append(g)
+            grp.active.append(k)
+        else:
+            rows_calls.append((k, i, g, grp))
+            if opt.use_ema:  # the EMA covers every row: an EMA-only segment after the rows
+                grp.pos.append(i)
+                grp.grads.append(None)
+                grp.active.append(None)
+    if opt.use_ema and conv.ema in ("keras3", "torch"):
+        present = set(positions)
+        for i in range(len(opt._vars)):
+            if i not in present:
+                dt = dtype_of[i]
+                grp = next((g for (d, _), g in groups.items() if d == dt), None)
+                if grp is None:
+                    grp = groups[(dt, opt._iterations + 1)] = _Group(dt, opt._iterations + 1)
+                grp.pos.append(i)
+                grp.grads.append(None)
+                grp.active.append(None)
 
-    def scalars_for(dt):
-        values = dict(update_scalars(dt), lr=lr_cast(dt, lr_value))
-        if decaying:
-            values["wd"] = tf_cast(dt, opt.weight_decay)
-        if mode in (1, 2):
-            values["clip"] = scalar(dt, clip)
-        if mode == 3:
-            with np.errstate(all="ignore"):
-                values["gscale"] = dt.type(gscale)
-        if ema:
-            values["mu"] = scalar(dt, opt.ema_momentum)
-            values["omu"] = scalar(dt, 1 - opt.ema_momentum)
-        return scalars(dt, **values)
-
-    fl = flags(ams=ams, clip=mode, ema=ema, overwrite=overwrite)
     calls = []  # (kernel, args, elements): prepared completely before the first one runs
-    for dt, (pos_list, grad_list) in dense.items():
-        pos = np.array(pos_list, np.int64)
-        group_grads, gaddr = _safe_grads(state, grad_list)
-        sc = scalars_for(dt)
-        if mode == 2:
-            cden = norm_denominators(sums_of_squares(group_grads, dt), sc[K.S_CLIP])
-        else:
-            cden = np.ones(len(pos_list), dt)
-        if not decaying:
-            decay = np.zeros(len(pos_list), np.uint8)
-        elif not excluded:
-            decay = np.ones(len(pos_list), np.uint8)
-        else:
-            decay = np.array([id(opt._vars[i]) not in excluded for i in pos_list], np.uint8)
+    plans = {}
+    for (dt, step), grp in groups.items():
+        pl = _plan.plan(opt, dt, lr_value, step, 0)
+        if pl is None:
+            return False
+        pl.psc[2] = cvs.get(dt, dt.type(0))  # steps.P_CLIP
+        plans[(dt, step)] = pl
+        rc = opt.update_rule(dt, lr_value, step, optax_weight_decay=pl.optax_weight_decay)
+        if rc is None or tuple(rc.rule.slots) != tuple(
+                n for n in opt._slot_names() if n in rc.rule.slots) or set(
+                rc.rule.slots) != set(opt._slot_names()):
+            return False
+        grp.rc, grp.plan = rc, pl
+    for k, i, g, grp in rows_calls:
+        if grp.plan.dmode == 3 or grp.plan.optax_weight_decay is not None:
+            return False  # the framework refuses this decay with sparse gradients
+        rc = opt.update_rule(grp.dtype, lr_value, grp.step, lazy_rows=True)
+        if rc is None:
+            return False
+        var = opt._vars[i]
+        (vals,), _ = _safe_grads(state, [rows2d(g.values)])
+        K = drivers.kernels(rc.rule, rc.fl)
+        order, srows = stable_order(g.indices)
+        tables = [rows2d(opt._slots[name][i]) for name in rc.rule.slots]
+        decay = decaying and id(var) not in excluded
+        args = (rows2d(var), *tables, order, srows, vals, int(cm[k]), cd[k], cs[k],
+                grp.plan.dmode if decay else 0, grp.plan.psc, rc.sc)
+        calls.append((K.rows, args, vals.size))
+    for (dt, step), grp in groups.items():
+        if not grp.pos:
+            continue
+        rc, pl = grp.rc, grp.plan
+        n = len(grp.pos)
+        pos = np.array(grp.pos, np.int64)
+        dense_grads = [g for g in grp.grads if g is not None]
+        safe, gaddr_dense = _safe_grads(state, dense_grads) if dense_grads else ([], [])
+        gaddr = np.zeros(n, np.int64)
+        seg = np.zeros((n, drivers.SEG_COLUMNS), np.int64)
+        seg[:, drivers.SEG_OFFSET] = state.offset[pos]
+        seg[:, drivers.SEG_COUNT] = state.count[pos]
+        cden = np.ones(n, dt)
+        cscale = np.ones(n, dt)
+        lanes = rc.tail_lanes
+        j = 0
+        for q, (i, k) in enumerate(zip(grp.pos, grp.active)):
+            cnt = int(state.count[i])
+            seg[q, drivers.SEG_TAIL] = cnt - cnt % lanes if lanes else cnt
+            if k is None:
+                continue
+            gaddr[q] = gaddr_dense[j]
+            j += 1
+            seg[q, drivers.SEG_ACTIVE] = 1
+            seg[q, drivers.SEG_DECAY] = decaying and id(opt._vars[i]) not in excluded
+            seg[q, drivers.SEG_CLIP] = cm[k]
+            cden[q] = cd[k]
+            cscale[q] = cs[k]
         buf = state.buffers[dt]
         empty = np.zeros(0, dt)
-        if kind == "adam":
-            args = (state.paddr[pos], gaddr, state.offset[pos], state.count[pos], decay, cden,
-                    buf["m"], buf["v"], buf.get("vhat", empty), buf.get("average", empty), fl,
-                    sc, group_grads)
-            calls.append((K.adam_multi, args, int(state.count[pos].sum())))
-        else:
-            args = (state.paddr[pos], gaddr, state.offset[pos], state.count[pos], decay, cden,
-                    buf["m"], buf.get("average", empty), fl, sc, group_grads)
-            calls.append((K.sgd_multi, args, int(state.count[pos].sum())))
-    for i, g in sparse:
-        var = opt._vars[i]
-        dt = var.dtype
-        (vals,), _ = _safe_grads(state, [rows2d(g.values)])
-        sc = scalars_for(dt)
-        d = dt.type(1)
-        if mode == 2:
-            d = norm_denominators(sums_of_squares([vals], dt), sc[K.S_CLIP])[0]
-        decay = decaying and id(var) not in excluded
-        P = rows2d(var)
-        M = rows2d(opt._slots["m"][i])
-        V = rows2d(opt._slots["v"][i])
-        VH = rows2d(opt._slots["vhat"][i]) if ams else M
-        order, srows = stable_order(g.indices)
-        args = (P, M, V, VH, order, srows, vals, fl, sc, d, decay, dt.type(0))
-        calls.append((K.lazy_adam_rows, args, vals.size))
-        if ema:
-            avg = opt._averages[i].reshape(-1)
-            calls.append((K.ema_k, (avg, var.reshape(-1), avg, sc[K.S_MU], sc[K.S_OMU],
-                                    overwrite), avg.size))
+        K = drivers.kernels(rc.rule, rc.fl)
+        args = (state.paddr[pos], gaddr, seg, cden, cscale,
+                *[buf[name] for name in rc.rule.slots], buf.get("average", empty),
+                pl.dmode, pl.emode, pl.overwrite, pl.psc, rc.sc, safe)
+        calls.append((K.dense, args, int(state.count[pos].sum())))
     # Nothing has been written so far; from here on nothing can fail.
     for kernel, args, elements in calls:
-        if kernel is K.adam_multi or kernel is K.sgd_multi:
+        if kernel.__name__ == "dense":
             args = args[:-1]  # the last entry only kept the gradient copies alive
         launch(kernel, args, elements)
     return True

@@ -626,10 +626,12 @@ class Optimizer:
             self._cuda = CudaState(var_list, self._slot_names(), self.use_ema)
             self._slots = self._cuda.slots
             self._averages = self._cuda.averages
-        elif self.backend == "cpu" and _tf_keras_numerics(self.convention):
+        elif self.backend == "cpu":
             from refopt.optimizers._fast import FlatState
 
-            self._flat = FlatState(var_list, self._slot_names(), self.use_ema)
+            self._flat = FlatState(var_list, self._slot_names(), self.use_ema,
+                                   self._slot_initial_value,
+                                   average_zero=self.convention.ema == "keras3")
             self._slots = self._flat.slots
             self._averages = self._flat.averages
         else:
@@ -810,6 +812,9 @@ class Optimizer:
                 with np.errstate(all="ignore"):
                     done = _fast.try_fast_step(self, *quick, lr_value)
                 if done:
+                    if self.convention.step_counter == "per_variable":
+                        for i in quick[0]:
+                            self._var_steps[i] += 1
                     self._iterations += 1
                     if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
                         self._current_learning_rate = lr_value

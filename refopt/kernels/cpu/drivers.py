@@ -2,7 +2,7 @@
 
 For a rule with ``k`` slots the driver module holds two kernels:
 
-``dense(paddr, gaddr, seg, cden, cscale, S_0..S_k-1, A, pfl, psc, sc, fl)``
+``dense(paddr, gaddr, seg, cden, cscale, S_0..S_k-1, A, dmode, emode, ow, psc, sc)``
     One call updates every tensor of a dtype group, in place: for each element, clip
     (:func:`refopt.rules.steps.clip`), weight decay (:func:`~refopt.rules.steps.decay`), the
     rule's element, the EMA (:func:`~refopt.rules.steps.ema`) and the overwrite. ``paddr``,
@@ -11,18 +11,19 @@ For a rule with ``k`` slots the driver module holds two kernels:
     whether it decays, its clip mode, where its scalar tail starts, whether it has a
     gradient, else only its EMA is updated); ``cden``/``cscale``: per-tensor clip
     denominators and scales; ``S_i``: the flat slot buffers; ``A``: the flat EMA buffer (or
-    empty); ``pfl``/``psc``: the pipeline's flags and scalars (:mod:`refopt.rules.steps`);
-    ``sc``/``fl``: the rule's. Parallel over fixed chunks of ``CHUNK`` elements of all
+    empty); ``dmode``/``emode``/``ow``: the decay and EMA modes and the overwrite, ``psc``
+    the pipeline's scalars (:mod:`refopt.rules.steps`); ``sc``: the rule's scalars (its flags
+    are a compile-time constant of the module). Parallel over fixed chunks of ``CHUNK`` elements of all
     tensors together; an element's result depends on nothing but its own inputs, so not on
     the thread count.
-``rows(P, S_0..S_k-1, order, srows, vals, cmode, d, s, decay, pfl, psc, sc, fl)``
+``rows(P, S_0..S_k-1, order, srows, vals, cmode, d, s, dmode, psc, sc)``
     A lazy sparse step on the rows of 2-D tables: duplicates summed after clipping, in
     order of appearance (as ``IndexedSlices.deduplicate``), then each unique row owned by
     one parallel iteration that runs decay and the element over the row.
 
 Caching. Numba caches a kernel only when the rule it calls is a module global (a closure
 or a function argument is compiled again in every process). So :func:`kernels` writes a
-small Python module per rule into a cache folder (``REFOPT_KERNEL_CACHE``, else
+small Python module per rule and flag set into a cache folder (``REFOPT_KERNEL_CACHE``, else
 ``~/.cache/refopt/kernels``, else a temporary folder), named by a hash of the sources it
 depends on (this file, the rule's module, :mod:`refopt.rules.ops`,
 :mod:`refopt.rules.steps`, Numba's version), and imports it: Numba's cache then works as
@@ -74,22 +75,20 @@ def _tuple16(a):
 from refopt.rules.steps import clip as _clip, decay as _decay, ema as _ema
 from {module} import {element} as _element
 
-# Compile-time constants of this kernel: the rule's flags, the decay and EMA modes. Every
-# branch on them folds away, so the loops are straight-line code that vectorises.
+# A compile-time constant of this kernel: the rule's flags. Every branch on them folds
+# away, so the loops are straight-line code that vectorises.
 FL = {flags}
-DMODE = {dmode}
-EMODE = {emode}
 
 
 @jit
-def _loop(P, G, {slots_args}A, cmode, dmode, c, d, s, ow, psc, sc, tail):
+def _loop(P, G, {slots_args}A, cmode, dmode, emode, c, d, s, ow, psc, sc, tail):
     # P, G, the slots and A are slices of one span: index i in all of them
     for i in range(P.shape[0]):
         p, g = _decay(P[i], _clip(G[i], cmode, c, d, s), dmode, psc)
         p, {slot_vals} = _element(p, g, {slot_loads_i}sc, FL, tail)
 {slot_stores_i}
-        if EMODE != 0:
-            a = _ema(A[i], p, EMODE, psc)
+        if emode != 0:
+            a = _ema(A[i], p, emode, psc)
             A[i] = a
             if ow:
                 p = a
@@ -97,35 +96,39 @@ def _loop(P, G, {slots_args}A, cmode, dmode, c, d, s, ow, psc, sc, tail):
 
 
 @jit
-def _span(P, G, {slots_args}A, lo, hi, o, cmode, decays, tstart, c, d, s, ow, psc, sc):
+def _span(P, G, {slots_args}A, lo, hi, o, cmode, dmode, emode, tstart, c, d, s, ow, psc, sc):
     # scalars as tuples: values in registers, never reloaded from memory the loop writes
     psc, sc = _tuple8(psc), _tuple16(sc)
     mid = min(max(tstart, lo), hi)
-    Ah = A[o + lo:o + mid] if EMODE != 0 else A
-    At = A[o + mid:o + hi] if EMODE != 0 else A
-    if cmode == 0 and not decays:
-        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, 0, c, d, s, ow, psc, sc, False)
-    elif decays:
-        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, cmode, DMODE, c, d, s, ow, psc, sc, False)
+    Ah = A[o + lo:o + mid] if emode != 0 else A
+    At = A[o + mid:o + hi] if emode != 0 else A
+    # the common cases with literal modes (each specialised loop vectorises)
+    if cmode == 0 and dmode == 0 and emode == 0:
+        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, 0, 0, c, d, s, False, psc, sc, False)
+    elif cmode == 0 and dmode == 1 and emode == 0:
+        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, 1, 0, c, d, s, False, psc, sc, False)
+    elif cmode == 0 and dmode == 2 and emode == 0:
+        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, 2, 0, c, d, s, False, psc, sc, False)
     else:
-        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, cmode, 0, c, d, s, ow, psc, sc, False)
+        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, cmode, dmode, emode, c, d, s, ow, psc, sc,
+              False)
     if mid < hi:
-        _loop(P[mid:hi], G[mid:hi], {slices_tail}At, cmode, DMODE if decays else 0, c, d, s,
-              ow, psc, sc, True)
+        _loop(P[mid:hi], G[mid:hi], {slices_tail}At, cmode, dmode, emode, c, d, s, ow, psc, sc,
+              True)
 
 
 @jit
-def _ema_only(P, A, lo, hi, o, ow, psc):
+def _ema_only(P, A, lo, hi, o, emode, ow, psc):
     psc = _tuple8(psc)
     for i in range(lo, hi):
-        a = _ema(A[o + i], P[i], EMODE, psc)
+        a = _ema(A[o + i], P[i], emode, psc)
         A[o + i] = a
         if ow:
             P[i] = a
 
 
 @pjit
-def dense(paddr, gaddr, seg, cden, cscale, {slots_args}A, ow, psc, sc):
+def dense(paddr, gaddr, seg, cden, cscale, {slots_args}A, dmode, emode, ow, psc, sc):
     ct, cs = _chunks(seg[:, 1])
     c = psc[2]
     for q in prange(ct.shape[0]):
@@ -137,16 +140,15 @@ def dense(paddr, gaddr, seg, cden, cscale, {slots_args}A, ow, psc, sc):
         P = carray(_ptr(paddr[t], psc), (n,))
         if seg[t, 5] != 0:
             G = carray(_ptr(gaddr[t], psc), (n,))
-            _span(P, G, {slots_args}A, lo, hi, o, seg[t, 3], seg[t, 2] != 0, seg[t, 4], c,
-                  cden[t], cscale[t], ow, psc, sc)
-        elif EMODE != 0:
-            _ema_only(P, A, lo, hi, o, ow, psc)
+            _span(P, G, {slots_args}A, lo, hi, o, seg[t, 3], dmode if seg[t, 2] != 0 else 0,
+                  emode, seg[t, 4], c, cden[t], cscale[t], ow, psc, sc)
+        elif emode != 0:
+            _ema_only(P, A, lo, hi, o, emode, ow, psc)
 
 
 @pjit
-def rows(P, {slots_args}order, srows, vals, cmode, d, s, decay, psc, sc):
+def rows(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc):
     urows, sums = _segment_sums(order, srows, vals, cmode, psc[2], d, s, psc[0] * 0)
-    dmode = DMODE if decay else 0
     psc, sc = _tuple8(psc), _tuple16(sc)
     u = urows.shape[0]
     for k in prange(u):
@@ -186,9 +188,8 @@ def _cache_dir():
     raise RuntimeError(f"No writable folder for refopt's kernels among {candidates}")
 
 
-def source(rule, fl, dmode, emode):
-    """The generated driver module's source for ``rule`` with flags ``fl`` (a tuple of ints),
-    decay mode ``dmode`` and EMA mode ``emode`` (:mod:`refopt.rules.steps`)."""
+def source(rule, fl):
+    """The generated driver module's source for ``rule`` with flags ``fl`` (ints)."""
     k = rule.arity
     names = [f"S{i}" for i in range(k)]
     slot_vals = ", ".join(f"s{i}" for i in range(k)) if k else "_"
@@ -196,8 +197,6 @@ def source(rule, fl, dmode, emode):
     return _TEMPLATE.format(
         rule_name=rule.name,
         flags=repr(tuple(int(f) for f in fl)),
-        dmode=int(dmode),
-        emode=int(emode),
         module=rule.element.__module__,
         element=rule.element.__name__,
         slots_args="".join(f"{n}, " for n in names),
@@ -226,13 +225,11 @@ def _digest(rule, text):
     return h.hexdigest()[:16]
 
 
-def kernels(rule, fl, dmode=0, emode=0):
+def kernels(rule, fl):
     """The driver module of ``rule`` (attributes ``dense`` and ``rows``) for the flags ``fl``
-    (a sequence of ints, the rule call's), the decay mode and the EMA mode; built once per
-    combination and cached on disk."""
+    (a sequence of ints, the rule call's); built once per combination, cached on disk."""
     fl = tuple(int(f) for f in fl)
-    key = (rule.element.__module__, rule.element.__qualname__, rule.arity, fl, int(dmode),
-           int(emode))
+    key = (rule.element.__module__, rule.element.__qualname__, rule.arity, fl)
     mod = _BUILT.get(key)
     if mod is not None:
         return mod
@@ -242,7 +239,7 @@ def kernels(rule, fl, dmode=0, emode=0):
             return mod
         if rule.arity == 0:
             raise ValueError(f"Rule {rule.name!r} has no slot; give it at least one.")
-        text = source(rule, fl, dmode, emode)
+        text = source(rule, fl)
         tag = f"{rule.element.__module__.replace('.', '_')}__{rule.element.__name__}"
         name = f"refopt_driver_{tag}_{_digest(rule, text)}"
         path = _cache_dir() / f"{name}.py"
