@@ -35,6 +35,7 @@ from test_properties import (
     dense_shapes,
     float_arrays,
     poisoned,
+    rmsprop_call,
     sgd_hparams,
     slices_for,
     table_shapes,
@@ -406,3 +407,20 @@ def test_non_contiguous_inputs_match_reference(dtype):
     zeros = np.zeros_like(table)
     assert_results_bits_equal(cpu.lazy_adam_update(table, sl, zeros, zeros, **kw),
                               ref.lazy_adam_update(table, sl, zeros, zeros, **kw))
+
+
+# --------------------------------------------------------------------------- RMSprop
+@given(data=st.data(), dtype=st.sampled_from(FAST), shape=dense_shapes, n_steps=st.integers(1, 3))
+def test_rmsprop_update_bit_identical_every_form(data, dtype, shape, n_steps):
+    """The rule-built kernel against the reference's NumPy, every convention's form, over
+    several steps (elementwise: bit for bit, NaN positions included)."""
+    kw, (v, b, a) = data.draw(rmsprop_call(dtype, shape))
+    p = data.draw(float_arrays(dtype, shape))
+    r_ref = r_cpu = ref.RMSpropResult(p, v, b, a)
+    for _ in range(n_steps):
+        g = data.draw(float_arrays(dtype, shape))
+        r_ref = ref.rmsprop_update(r_ref.param, g, r_ref.velocity, r_ref.momentum,
+                                   r_ref.average_gradient, **kw)
+        r_cpu = cpu.rmsprop_update(r_cpu.param, g, r_cpu.velocity, r_cpu.momentum,
+                                   r_cpu.average_gradient, **kw)
+        assert_results_bits_equal(r_cpu, r_ref, f"{kw['convention']}")

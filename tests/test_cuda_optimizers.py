@@ -470,6 +470,8 @@ def test_launch_grids_are_python_ints_even_from_numpy_config(monkeypatch):
     for name in ("adam_multi", "sgd_multi", "lazy_adam_rows", "adam_sparse_table", "ema_k",
                  "sumsq_blocks", "copy_k", "clip_k"):
         monkeypatch.setattr(K, name, Record(getattr(K, name)))
+    names = []
+    wrap_rule_kernels(monkeypatch, lambda kernel, name, ks: names.append(name) or Record(kernel))
     w, t = kc.to_device(np.ones(40, np.float32)), kc.to_device(np.ones((6, 2), np.float32))
     opt = refopt.Adam(0.1, clipnorm=1.0, use_ema=True, ema_overwrite_frequency=1,
                       backend="cuda")
@@ -478,6 +480,8 @@ def test_launch_grids_are_python_ints_even_from_numpy_config(monkeypatch):
     lazy = refopt.LazyAdam(0.1, backend="cuda")
     lazy.apply_gradients([(IndexedSlices(np.ones((2, 2), np.float32), [1, 4], (6, 2)), t)])
     kc.clip_by_value(np.ones(9, np.float32), 0.5)
+    kc.global_norm([np.ones(9, np.float32)])
+    assert {"dense", "rows", "leaf_sums"} <= set(names)
     assert len(seen) >= 7
     for launch in seen:
         assert all(type(x) is int for x in launch), launch
@@ -685,7 +689,7 @@ def test_cuda_checkpoint_errors_change_nothing(tmp_path):
 
 
 class _CountLaunches:
-    """Wraps a kernel of ``_kernels.get(...)``: counts ``kernel[grid]`` configurations."""
+    """Wraps a kernel: counts ``kernel[grid]`` configurations."""
 
     def __init__(self, kernel):
         self.kernel, self.count = kernel, 0
@@ -695,18 +699,49 @@ class _CountLaunches:
         return self.kernel[config]
 
 
+def wrap_rule_kernels(monkeypatch, wrap):
+    """Put ``wrap(kernel, name, ks)`` in place of every rule-driver kernel the step uses
+    (``name``: ``"dense"``, ``"rows"`` or ``"leaf_sums"``; ``ks`` the
+    :class:`refopt.kernels.cuda.drivers.Kernels`, None for the leaf sums)."""
+    import copy
+
+    from refopt.kernels.cuda import drivers
+
+    real_kernels, real_leaf = drivers.kernels, drivers._leaf_kernel
+
+    def kernels(*args, **kwargs):
+        ks = real_kernels(*args, **kwargs)
+        stand_in = copy.copy(ks)
+        stand_in.dense = wrap(ks.dense, "dense", ks)
+        stand_in.rows = wrap(ks.rows, "rows", ks)
+        return stand_in
+
+    monkeypatch.setattr(drivers, "kernels", kernels)
+    monkeypatch.setattr(drivers, "_leaf_kernel",
+                        lambda tpb, dtype: wrap(real_leaf(tpb, dtype), "leaf_sums", None))
+
+
 @pytest.mark.parametrize("cls,kw", [(refopt.Adam, dict(amsgrad=True, use_ema=True)),
                                     (refopt.SGD, dict(momentum=0.9, clipvalue=0.5,
                                                       weight_decay=0.1))])
 def test_one_launch_per_dtype_group_of_up_to_24_tensors(cls, kw, monkeypatch):
-    from refopt.kernels.cuda import _kernels
+    # The rule driver's dense kernel: one launch per dtype group of up to 24 tensors.
+    by_dtype = {np.dtype(np.float32): _CountLaunches(None),
+                np.dtype(np.float64): _CountLaunches(None)}
 
-    name = "adam_multi" if cls is refopt.Adam else "sgd_multi"
-    counters = []
-    for dt in (np.float32, np.float64):
-        K = _kernels.get(kc.config.THREADS_PER_BLOCK, kc.config.ITEMS_PER_THREAD, dt)
-        counters.append(_CountLaunches(getattr(K, name)))
-        monkeypatch.setattr(K, name, counters[-1])
+    def count(kernel, name, ks):
+        if name != "dense":
+            return kernel
+
+        class Counted:
+            def __getitem__(self, config):
+                by_dtype[ks.dtype].count += 1
+                return kernel[config]
+
+        return Counted()
+
+    wrap_rule_kernels(monkeypatch, count)
+    counters = list(by_dtype.values())
     rng = np.random.default_rng(11)
     # 30 float32 tensors (two launches: 24 + 6), 3 float64 (one), one empty (none).
     host = ([rng.standard_normal(1 + k % 5).astype(np.float32) for k in range(30)]

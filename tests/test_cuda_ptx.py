@@ -16,6 +16,7 @@
   it is skipped, saying why.
 """
 
+import functools
 import importlib.util
 import json
 import os
@@ -154,17 +155,45 @@ def test_kernel_signatures_are_those_of_real_launches(dtype, monkeypatch):
                            use_ema=True, backend="cuda")):
         ws = [kc.to_device(h) for h in host()]
         opt.apply_gradients(zip([kc.to_device(g) for g in host()], ws))
+    rule_log = []
+
+    def record_rule(kernel, name, ks):
+        arity = ks.rule.arity if ks is not None else 1
+        return _Record(kernel, (name, arity), rule_log)
+
+    from test_cuda_optimizers import wrap_rule_kernels
+
+    wrap_rule_kernels(monkeypatch, record_rule)
+    for opt in (refopt.Adam(0.1, amsgrad=True, weight_decay=0.1, clipnorm=1.0, use_ema=True,
+                            ema_overwrite_frequency=1, backend="cuda"),
+                refopt.SGD(0.1, momentum=0.9, nesterov=True, global_clipnorm=1.0,
+                           use_ema=True, backend="cuda"),
+                refopt.AdamW(0.1, convention="torch", use_ema=True, clipnorm=1.0,
+                             backend="cuda")):
+        ws = [kc.to_device(h) for h in host()]
+        opt.apply_gradients(zip([kc.to_device(g) for g in host()], ws))
     for opt in (refopt.Adam(0.1, amsgrad=True, weight_decay=0.1, backend="cuda"),
                 refopt.SGD(0.1, momentum=0.9, backend="cuda")):  # non-lazy sparse
         table = kc.to_device(rng.standard_normal((5, 2)).astype(dtype))
         opt.apply_gradients([(IndexedSlices(rng.standard_normal((3, 2)).astype(dtype),
                                             np.array([4, 0, 4]), (5, 2)), table)])
-    table = kc.to_device(rng.standard_normal((5, 2)).astype(dtype))
-    lazy = refopt.LazyAdam(0.1, amsgrad=True, use_ema=True, backend="cuda")
-    lazy.apply_gradients([(IndexedSlices(rng.standard_normal((3, 2)).astype(dtype),
-                                         np.array([4, 0, 4]), (5, 2)), table)])
+    for conv in ("tf_keras", "torch"):  # lazy rows: Adam's rule, SparseAdam's
+        table = kc.to_device(rng.standard_normal((5, 2)).astype(dtype))
+        lazy = refopt.LazyAdam(0.1, amsgrad=conv == "tf_keras", use_ema=True, clipnorm=1.0,
+                               convention=conv, backend="cuda")
+        lazy.apply_gradients([(IndexedSlices(rng.standard_normal((3, 2)).astype(dtype),
+                                             np.array([4, 0, 4]), (5, 2)), table)])
     p, g = host()[0], host()[0]  # the mirror functions take host arrays, as the reference
+    m, v = np.zeros_like(p), np.ones_like(p)
+    kc.adam_update(p, g, m, v, v, learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                   step=1)
+    kc.sgd_update(p, g, m, learning_rate=0.1, momentum=0.9, nesterov=False)
+    t2 = rng.standard_normal((5, 2)).astype(dtype)
+    kc.lazy_adam_update(t2, IndexedSlices(np.ones((2, 2), dtype), [1, 3], (5, 2)),
+                        np.zeros_like(t2), np.zeros_like(t2), learning_rate=0.1, beta_1=0.9,
+                        beta_2=0.999, epsilon=1e-7, step=1)
     kc.clip_by_value(g, 0.5)
+    kc.global_norm([g])
     kc.apply_weight_decay(p, learning_rate=0.1, weight_decay=0.1)
     kc.ema_update(p, g, ema_momentum=0.9)
     launched = {}
@@ -173,19 +202,34 @@ def test_kernel_signatures_are_those_of_real_launches(dtype, monkeypatch):
     assert set(launched) == set(expected), "a kernel was not launched by the drive above"
     for name, sigs in launched.items():
         assert sigs == {expected[name]}, name
+    # the rule drivers' kernels, for rules of 1, 2 and 3 slots
+    width = kc.config.TENSORS_PER_LAUNCH
+    seen = set()
+    for (name, arity), sig in rule_log:
+        assert sig == ptx.rule_kernel_signatures(dtype, width, arity)[name], (name, arity)
+        seen.add((name, arity))
+    assert {("dense", 1), ("dense", 2), ("dense", 3), ("rows", 2), ("rows", 3),
+            ("leaf_sums", 1)} <= seen
 
 
 # ---------------------------------------------------------------------------------------
 # The audit itself (NVVM, no GPU)
 
 
+@functools.lru_cache(maxsize=1)
+def _audit():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, "-m", "refopt.kernels.cuda.ptx", "--json"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    return proc
+
+
 def _run_audit():
+    """The audit's report (run once per session: it compiles a few hundred kernels)."""
     if importlib.util.find_spec("numba_cuda") is None:
         pytest.skip("numba-cuda is not installed (numba's own numba.cuda cannot compile PTX "
                     "here)")
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    proc = subprocess.run([sys.executable, "-m", "refopt.kernels.cuda.ptx", "--json"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = _audit()
     if proc.returncode == 2:
         pytest.skip(f"no CUDA compiler toolchain (NVVM/NVRTC): {proc.stderr.strip()}")
     return proc, json.loads(proc.stdout)
@@ -199,23 +243,45 @@ def test_every_kernel_compiles_to_ptx_without_fma_or_approximations():
     # numba-cuda compiled for the target asked for (it clamps unknown newer ones)
     assert {(k["cc"], k["target"]) for k in report["kernels"]} == {
         ("8.0", "sm_80"), ("9.0", "sm_90"), ("10.0", "sm_100")}
-    names = {k["name"] for k in report["kernels"]}
-    assert names == set(ptx.kernel_signatures(np.float32, 24))
-    assert {(k["dtype"], k["cc"]) for k in report["kernels"]} == {
-        (d, c) for d in ("float16", "float32", "float64") for c in ("8.0", "9.0", "10.0")}
+    hand_written = set(ptx.kernel_signatures(np.float32, 24))
+    rules = {f"rule {'rows' if v[5] else 'dense'}: {v[0]}" for v in ptx.rule_variants()}
+    rules.add("rule leaf_sums")
+    for cc in ("8.0", "9.0", "10.0"):
+        for dt in ("float16", "float32", "float64"):
+            names = {k["name"] for k in report["kernels"] if (k["cc"], k["dtype"]) == (cc, dt)}
+            # every hand-written kernel; every rule variant at the first cc, one per form at
+            # the others
+            expect = rules if cc == "8.0" else {
+                f"rule {'rows' if 'rows' in label else 'dense'}: {label}"
+                for label in ptx.REPRESENTATIVE_RULES} | {"rule leaf_sums"}
+            assert names == hand_written | expect, (cc, dt)
+    # every convention's Adam forms and SGD forms are among the rule variants
+    assert {"rule dense: torch Adam wd", "rule dense: optax AdamW AMSGrad",
+            "rule dense: tf_keras AdamW", "rule rows: torch LazyAdam rows",
+            "rule dense: torch SGD Nesterov", "rule dense: optax SGD Nesterov",
+            "rule dense: tf1 SGD Nesterov", "rule dense: torch Adam EMA 0.2"} <= rules
     # float16 computes in float32: no float16 arithmetic instruction at all.
     for k in report["kernels"]:
         if k["dtype"] == "float16":
             assert not [op for op in k["float_ops"] if op.endswith(".f16")], k
     # The elementwise kernels round every multiply and add explicitly.
-    adam = next(k for k in report["kernels"]
-                if k["name"] == "adam_multi" and k["dtype"] == "float32")
-    assert adam["float_ops"].get("mul.rn.f32", 0) > 0
-    assert adam["float_ops"].get("sqrt.rn.f32", 0) > 0
+    for name in ("adam_multi", "rule dense: tf_keras Adam"):
+        adam = next(k for k in report["kernels"]
+                    if k["name"] == name and k["dtype"] == "float32")
+        assert adam["float_ops"].get("mul.rn.f32", 0) > 0
+        assert adam["float_ops"].get("sqrt.rn.f32", 0) > 0
+    # ops.fma emits no fma: float32 through float64 mul.rn + add.rn, float64 by an
+    # error-free transformation (many mul.rn.f64), so the "no fma" rule holds for the rules
+    # that round once (PyTorch's and XLA's forms) too.
+    for dt, op in (("float32", "mul.rn.f64"), ("float64", "mul.rn.f64")):
+        torch = next(k for k in report["kernels"]
+                     if k["name"] == "rule dense: torch Adam wd" and k["dtype"] == dt)
+        assert torch["float_ops"].get(op, 0) > 0 and not [
+            o for o in torch["float_ops"] if o.startswith(("fma", "mad"))], torch
     # 24 tensors (two descriptors of 56 bytes each) plus the rest fit in 4 KiB.
     for k in report["kernels"]:
-        if k["name"] in ("adam_multi", "sgd_multi"):
-            assert 24 * 2 * 56 < k["param_bytes"] <= ptx.PARAM_LIMIT
+        if k["name"] in ("adam_multi", "sgd_multi") or k["name"].startswith("rule dense"):
+            assert 24 * 2 * 56 < k["param_bytes"] <= ptx.PARAM_LIMIT, k
 
 
 def test_the_control_kernel_is_contracted_so_the_audit_is_not_vacuous():

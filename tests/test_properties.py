@@ -794,6 +794,15 @@ def _reference_call(draw, name):
     if name == "sgd_update":
         m = draw(float_arrays(dtype, shape))
         return ref.sgd_update, (p, g, m), draw(sgd_hparams())
+    if name == "rmsprop_update":
+        g = draw(hnp.arrays(dtype, shape, elements=wild))  # dense only
+        kw, args = draw(rmsprop_call(dtype, shape))
+        return ref.rmsprop_update, (p, g) + args, kw
+    if name == "rmsprop_initial_state":
+        kw, _ = draw(rmsprop_call(dtype, shape))
+        return ref.rmsprop_initial_state, (p,), {
+            "momentum": kw["momentum"], "centered": kw["centered"],
+            "convention": kw["convention"]}
     if name == "ema_update":
         return ref.ema_update, (p, draw(float_arrays(dtype, shape))), {
             "ema_momentum": draw(st.floats(0.0, 1.0))}
@@ -814,14 +823,37 @@ def _reference_call(draw, name):
 
 REFERENCE_FUNCTIONS = (
     "adam_update", "lazy_adam_update", "sgd_update", "ema_update", "apply_weight_decay",
-    "clip_by_value", "clip_by_norm", "clip_by_global_norm", "global_norm",
+    "clip_by_value", "clip_by_norm", "clip_by_global_norm", "global_norm", "rmsprop_update",
+    "rmsprop_initial_state",
 )
+
+
+@st.composite
+def rmsprop_call(draw, dtype, shape):
+    """(keyword arguments, (velocity, momentum_buf, average_gradient)) of a valid RMSprop call
+    under any convention's form."""
+    from refopt.conventions import PRESETS
+
+    conv = draw(st.sampled_from(sorted(PRESETS)))
+    momentum = draw(st.sampled_from([0.0, 0.5, 0.9]))
+    centered = draw(st.booleans())
+    kw = {"learning_rate": draw(learning_rates), "rho": draw(st.sampled_from([0.0, 0.5, 0.9, 0.99])),
+          "momentum": momentum, "epsilon": draw(st.sampled_from([1e-7, 1e-3, 0.0])),
+          "centered": centered, "convention": conv}
+    if conv == "optax" and draw(st.booleans()):
+        kw["eps_in_sqrt"] = draw(st.booleans())
+    v = np.asarray(draw(float_arrays(dtype, shape, nonneg=True)))  # np.abs of 0-d is a scalar
+    keep = momentum > 0 or conv == "tf1" or draw(st.booleans())
+    b = draw(float_arrays(dtype, shape)) if keep else None
+    a = draw(float_arrays(dtype, shape)) if centered else None
+    return kw, (v, b, a)
 
 
 def test_reference_function_list_is_complete():
     # adam_scalars takes only a dtype and Python numbers: nothing it could mutate.
     public = {n for n in ref.__all__ if callable(getattr(ref, n)) and n[0].islower()}
-    assert public - {"adam_scalars"} == set(REFERENCE_FUNCTIONS)
+    # initial_velocity takes only a convention and a dtype.
+    assert public - {"adam_scalars", "initial_velocity"} == set(REFERENCE_FUNCTIONS)
 
 
 @pytest.mark.parametrize("name", REFERENCE_FUNCTIONS)

@@ -47,6 +47,7 @@ operation (NumPy's float16 arithmetic, bit for bit). Never run on a real GPU yet
 from __future__ import annotations
 
 import bisect
+import copy
 import warnings
 
 import numpy as np
@@ -147,7 +148,13 @@ class CudaState:
         The variables (validated by :func:`view`).
     slot_names : tuple of str
     use_ema : bool
-        Also keep an ``average`` buffer, initialised with device copies of the variables.
+        Also keep an ``average`` buffer, initialised with device copies of the variables
+        (zeros with ``average_zero``: Keras 3).
+    initial : callable or None
+        ``initial(name, dtype)``: the value a slot starts with (the optimizer's
+        ``_slot_initial_value``; TF1's RMSprop velocity starts at 1). None: zeros.
+    average_zero : bool
+        Start the averages at zero instead of copies of the variables.
 
     Attributes
     ----------
@@ -167,7 +174,7 @@ class CudaState:
     #: many (a training loop has one or a few sets of present variables).
     MAX_TABLES = 64
 
-    def __init__(self, var_list, slot_names, use_ema):
+    def __init__(self, var_list, slot_names, use_ema, initial=None, average_zero=False):
         kc = _kc()
         kc.check_config()
         self.views = [view(v, f"var_list[{i}]") for i, v in enumerate(var_list)]
@@ -179,14 +186,21 @@ class CudaState:
             self.offsets.append(totals.get(dt, 0))
             totals[dt] = self.offsets[-1] + d.size
         names = tuple(slot_names) + (("average",) if use_ema else ())
-        self.buffers = {dt: {name: kc.to_device(np.zeros(max(n, 1), dt)) for name in names}
+
+        def start(name, dt, n):
+            value = initial(name, dt) if (initial is not None and name in slot_names) else 0
+            return kc.to_device(np.full(max(n, 1), value, dt))
+
+        self.buffers = {dt: {name: start(name, dt, n) for name in names}
                         for dt, n in totals.items()}
         per = {name: [self._view(i, name) for i in range(len(self.views))] for name in names}
         self.slots = {name: per[name] for name in slot_names}
         self.averages = per.get("average", [])
-        for a, d in zip(self.averages, self.views):
-            kc.copy(a, d)
+        if not average_zero:
+            for a, d in zip(self.averages, self.views):
+                kc.copy(a, d)
         self._tables = {}
+        self.fallbacks = {}  # reason -> count of steps computed on the host (tests, reports)
         # Memory the kernels write (variables and the flat state), sorted, non-overlapping.
         written = [extent(d) for d in self.views]
         written += [extent(b) for bufs in self.buffers.values() for b in bufs.values()]
@@ -208,17 +222,31 @@ class CudaState:
         off = self.offsets[i]
         return self.buffers[self.dtypes[i]][name][off:off + d.size].reshape(d.shape)
 
-    def segments(self, dtype, positions, decay):
-        """The cached :class:`refopt.kernels.cuda.Segments` of these variables."""
-        key = (dtype, tuple(positions), tuple(decay))
+    def _cached(self, key, build):
         seg = self._tables.get(key)
         if seg is None:
             if len(self._tables) >= self.MAX_TABLES:
                 self._tables.clear()
-            seg = _kc().Segments([self.views[i].size for i in positions],
-                                 [self.offsets[i] for i in positions], decay)
-            self._tables[key] = seg
+            seg = self._tables[key] = build()
         return seg
+
+    def segments(self, dtype, positions, decay):
+        """The cached :class:`refopt.kernels.cuda.Segments` of these variables."""
+        return self._cached((dtype, tuple(positions), tuple(decay)), lambda: _kc().Segments(
+            [self.views[i].size for i in positions], [self.offsets[i] for i in positions],
+            decay))
+
+    def rule_segments(self, dtype, positions, decay, tails, active, clip):
+        """The cached segment table of a rule-driver launch (with tails, active flags and
+        clip modes), per launch shape."""
+        from refopt.kernels.cuda import config
+
+        key = ("rule", dtype, tuple(positions), tuple(decay), tuple(tails), tuple(active),
+               tuple(clip), int(config.THREADS_PER_BLOCK), int(config.ITEMS_PER_THREAD),
+               int(config.TENSORS_PER_LAUNCH))
+        return self._cached(key, lambda: _kc().Segments(
+            [self.views[i].size for i in positions], [self.offsets[i] for i in positions],
+            decay, tails=tails, active=active, clip=clip))
 
 
 def _check_pairs(opt, grads_and_vars):
@@ -266,7 +294,6 @@ def apply_gradients(opt, grads_and_vars, lr_value):
     """``Optimizer.apply_gradients`` for ``backend="cuda"`` (same order, same errors)."""
     from refopt import schedules as _schedules
     from refopt.optimizers.base import _INT64_MAX
-    from refopt.reference import clipping as rclip
 
     kc = _kc()
     is_schedule = isinstance(opt._learning_rate, _schedules.LearningRateSchedule)
@@ -299,173 +326,463 @@ def apply_gradients(opt, grads_and_vars, lr_value):
     if building:
         opt.build([var for _, var, _ in pairs])
     try:
-        calls = _prepare(opt, present, lr_value, kc, rclip)
+        calls, host_reason = _prepare(opt, present, lr_value, kc)
     except BaseException:
         if building:
             opt._reset_state()
         raise
     for fn, args, kwargs in calls:  # nothing can fail from here on
         fn(*args, **kwargs)
+    if host_reason is not None:
+        _note_fallback(opt, host_reason)
+    if opt.convention.step_counter == "per_variable":
+        for _, var, _ in present:
+            opt._var_steps[opt._index[id(var)]] += 1
     opt._iterations += 1
     if is_schedule:
         opt._current_learning_rate = lr_value
     return opt._iterations
 
 
-def _prepare(opt, present, lr_value, kc, rclip):
-    from refopt.optimizers._fast import fast_capable
+# --------------------------------------------------------------------------- the fused step
+class HostStepWarning(UserWarning):
+    """A ``backend="cuda"`` step was computed on the host by the reference (see
+    :func:`_host_step`): same numbers, but the state travels to the host and back."""
 
-    if not fast_capable(type(opt)):
-        raise NotImplementedError(
-            f"{type(opt).__name__} defines its own update; backend='cuda' has kernels only "
-            "for the updates of Adam, AdamW, LazyAdam and SGD.")
+
+class _Fallback(Exception):
+    """The rule drivers cannot express this step; the message says why."""
+
+
+_CAPABLE = {}
+
+
+def rule_capable(cls):
+    """Whether ``cls``'s update has a rule: the class that defines its ``_update_step`` also
+    defines ``update_rule`` (a subclass that rewrites the NumPy update of Adam or SGD takes
+    the host path with its own ``_update_step``)."""
+    if cls not in _CAPABLE:
+        owner = next((k for k in cls.__mro__ if "_update_step" in vars(k)), None)
+        _CAPABLE[cls] = owner is not None and "update_rule" in vars(owner)
+    return _CAPABLE[cls]
+
+
+class _NoExclusions:
+    """``opt`` seen without its weight-decay exclusions (for :func:`refopt.optimizers._plan.plan`,
+    which refuses optax's decay with exclusions: here the excluded tensors get their own rule
+    call without the decay)."""
+
+    _exclude_ids = frozenset()
+
+    def __init__(self, opt):
+        self._opt = opt
+
+    def __getattr__(self, name):
+        return getattr(self._opt, name)
+
+
+class _Group:
+    """The tensors of one dense launch: one dtype, one step (PyTorch counts per variable) and
+    one optax weight decay (excluded variables get none)."""
+
+    def __init__(self, dtype, step, owd):
+        self.dtype, self.step, self.owd = dtype, step, owd
+        self.pos, self.grads, self.ks = [], [], []  # ks: gradient number, None: EMA only
+
+
+def _sparse_kind(opt, conv):
+    """How a non-lazy IndexedSlices gradient of ``opt`` is applied, as its ``_update_step``
+    does: ``"adam_table"``/``"sgd_table"`` (tf-keras' whole-table sparse updates, the
+    hand-written kernels), ``"densify"`` (the dense update on ``to_dense()``), or None (the
+    host path: TF1's and Keras 2's scatter forms, a framework that refuses it)."""
+    from refopt.optimizers.adam import Adam
+    from refopt.optimizers.sgd import SGD
+    from refopt.reference.variants import is_tf_keras_adam
+
+    if isinstance(opt, Adam):
+        if conv.sparse_adam == "tf_keras" and is_tf_keras_adam(conv):
+            return "adam_table"
+        if conv.sparse_adam in ("tf_keras", "densify"):
+            return "densify"
+        return None
+    if isinstance(opt, SGD):
+        return "sgd_table" if conv.sgd_momentum == "keras" else "densify"
+    return None
+
+
+def _f16_fma_mismatch(opt, conv):
+    """RMSprop's torch and optax forms in float16: the reference rounds each FMA once from
+    float64, ``refopt.rules.ops.fma`` computes ``a * b + c`` in float16 (as Adam's reference
+    does). Until the two agree those steps take the host path."""
+    from refopt.optimizers.rmsprop import RMSprop
+
+    return isinstance(opt, RMSprop) and conv.rmsprop_form in ("torch", "optax")
+
+
+def _clip_host(values, mode, c, d, s):
+    """:func:`refopt.rules.steps.clip` on host values (NumPy, one rounding per operation)."""
+    with np.errstate(all="ignore"):
+        if mode == 1:
+            return np.maximum(np.minimum(values, c), -c)
+        if mode == 2:
+            return (values * c) / d
+        if mode == 3:
+            return values * s
+        if mode == 4:
+            return (values / d) * c
+    return values
+
+
+def _prepare(opt, present, lr_value, kc):
+    """The launches of one step, ``(calls, host_reason)``; nothing is written here.
+
+    ``host_reason`` is None for the rule drivers' fused path, else why the step is computed
+    on the host (:func:`_host_step`).
+    """
     state = opt._cuda
     positions = [opt._position(var) for _, var, _ in present]  # checked in apply_gradients
-    step = opt._iterations + 1
     # A dense gradient that shares memory with what the kernels write (a variable, a slot) is
     # copied first, so that it is read as it was before the step (the reference's semantics).
     grads = []
     for g, _, _ in present:
         if not isinstance(g, IndexedSlices) and state.aliases(g):
-            copy = kc.cuda.device_array(g.shape, g.dtype)
-            kc.copy(copy, g)
-            g = copy
+            dup = kc.cuda.device_array(g.shape, g.dtype)
+            kc.copy(dup, g)
+            g = dup
         grads.append(g)
-    # Clipping (tf-keras: clipnorm, else global_clipnorm, else clipvalue). Dense gradients are
-    # clipped inside the fused kernel; sparse values on the host by the reference.
-    dense_clip = [(0,)] * len(grads)
-    if opt.clipnorm and opt.clipnorm > 0:
-        c = max(opt.clipnorm, 0)
-        for k, g in enumerate(grads):
-            if isinstance(g, IndexedSlices):
-                grads[k] = rclip.clip_by_norm(g, opt.clipnorm)
-            else:
-                dt = np.dtype(g.dtype)
-                cc = dt.type(c)
-                s = kc.sumsq(g)
-                with np.errstate(all="ignore"):
-                    n = np.sqrt(s) if s > 0 else s
-                    dense_clip[k] = (2, c, np.maximum(n, cc))
-    elif opt.global_clipnorm and opt.global_clipnorm > 0:
-        dtypes = sorted({np.dtype(g.dtype).name for g in grads})
-        if len(dtypes) > 1:
-            raise TypeError(
-                "All gradients of a global norm must have the same dtype (TensorFlow refuses "
-                f"to stack mixed dtypes). Received dtypes {dtypes}")
-        dt = np.dtype(dtypes[0])
-        halves = []
-        for g in grads:
-            if isinstance(g, IndexedSlices):
-                flat = np.ascontiguousarray(g.values)
-                with np.errstate(all="ignore"):
-                    halves.append(dt.type(np.sum(flat * flat * dt.type(0.5), dtype=dt)))
-            else:
-                halves.append(kc.sumsq(g, half=True))
-        with np.errstate(all="ignore"):
-            half = np.sum(np.asarray(halves, dtype=dt), dtype=dt)
-            norm = np.sqrt(half * dt.type(2.0))
-        _, gscale = _global_scale(norm, opt.global_clipnorm)
-        for k, g in enumerate(grads):
-            if isinstance(g, IndexedSlices):
-                grads[k] = rclip.clip_by_global_norm([g], opt.global_clipnorm, use_norm=norm)[0][0]
-            else:
-                dense_clip[k] = (3, None, None, gscale)
-    elif opt.clipvalue and opt.clipvalue > 0:
-        for k, g in enumerate(grads):
-            if isinstance(g, IndexedSlices):
-                grads[k] = rclip.clip_by_value(g, opt.clipvalue)
-            else:
-                dense_clip[k] = (1, opt.clipvalue)
-    ema = opt.use_ema
-    overwrite = bool(ema and opt.ema_overwrite_frequency
-                     and step % opt.ema_overwrite_frequency == 0)
-    ema_kw = dict(ema_momentum=opt.ema_momentum if ema else None, overwrite=overwrite)
-    kind, flag, hyper = opt._cuda_update()
-    _validate_hyperparameters(opt, kind, flag, hyper, present, positions, lr_value, step)
-    calls = []
-    groups = {}  # dtype -> [(position, view, gradient, clip tuple, decays)], in input order
-    for k, (i, g) in enumerate(zip(positions, grads)):
-        d = present[k][2]
-        decays = (opt.weight_decay is not None and id(opt._vars[i]) not in opt._exclude_ids)
-        wd = opt.weight_decay if decays else None
-        if isinstance(g, IndexedSlices):
-            width = d.size // d.shape[0] if d.size else 1
-            vals = kc.to_device(np.ascontiguousarray(g.values).reshape(g.values.shape[0], width)
-                                if g.values.shape[0] and d.size else np.zeros((0, 1), g.dtype))
-            m_i = state.slots["m"][i]
-            if kind == "adam":  # LazyAdam: the present rows; Adam/AdamW: the whole table
-                fn = kc.lazy_adam_rows if opt._lazy_sparse else kc.adam_sparse
-                vh = state.slots["vhat"][i] if flag else None
-                calls.append((fn, (d, m_i, state.slots["v"][i], vh, vals, g.indices),
-                              dict(learning_rate=lr_value, step=step, weight_decay=wd,
-                                   **hyper)))
-            else:
-                calls.append((kc.sgd_sparse, (d, m_i, vals, g.indices),
-                              dict(learning_rate=lr_value, nesterov=flag, weight_decay=wd,
-                                   **hyper)))
-            if ema:
-                calls.append((kc.ema_dense, (state.averages[i], d), ema_kw))
+    try:
+        return _fused(opt, positions, grads, lr_value, kc), None
+    except _Fallback as why:
+        return _host_step(opt, positions, grads, lr_value, kc), str(why)
+
+
+def _fused(opt, positions, grads, lr_value, kc):
+    """The rule drivers' launches of one step (see the module docstring), or ``_Fallback``."""
+    from refopt.kernels.cuda import drivers
+    from refopt.optimizers import _plan
+    from refopt.reference._common import scalar
+    from refopt.rules import steps as S
+
+    state = opt._cuda
+    conv = opt.convention
+    if not rule_capable(type(opt)):
+        raise _Fallback(f"{type(opt).__name__} has no rule (update_rule)")
+    dtype_of = state.dtypes
+    kind, _ = _plan.clip_kind(opt)
+    if kind == "several":
+        raise _Fallback("Keras 2's several clips in sequence")
+    dtypes_present = {dtype_of[i] for i in positions}
+    if np.dtype(np.float16) in dtypes_present and _f16_fma_mismatch(opt, conv):
+        raise _Fallback("float16 RMSprop under torch/optax (the rule's float16 FMA rounds "
+                        "twice, the reference's once)")
+    if kind == "global" and len(dtypes_present) > 1:
+        # TF: a TypeError (the reference raises it); torch/optax: one norm over mixed dtypes
+        raise _Fallback("global norm clipping over gradients of mixed dtypes")
+    per_var = conv.step_counter == "per_variable"
+    gstep = opt._iterations + 1
+    steps = [(opt._var_steps[i] + 1) if per_var else gstep for i in positions]
+    wd = opt.weight_decay
+    decay_name = opt._decay_mode() if wd is not None else None
+    decays = [wd is not None and id(opt._vars[i]) not in opt._exclude_ids for i in positions]
+    lazy = opt._is_lazy()
+    how = []
+    for k, g in enumerate(grads):
+        if not isinstance(g, IndexedSlices):
+            how.append("dense")
             continue
-        groups.setdefault(np.dtype(d.dtype), []).append((i, d, g, dense_clip[k], decays))
-    for dt, members in groups.items():
-        pos = [i for i, _, _, _, _ in members]
-        seg = state.segments(dt, pos, [dec for _, _, _, _, dec in members])
-        mode = members[0][3][0]
-        clip = (mode, members[0][3][1] if mode in (1, 2) else None)
-        if mode == 2:
-            scales = seg.scales(dt, [c[2] for _, _, _, c, _ in members])
-        elif mode == 3:
-            scales = seg.scales(dt, [c[3] for _, _, _, c, _ in members])
+        if conv.keras3_sparse_square:
+            raise _Fallback("keras3_sparse_square with a sparse gradient")
+        if decays[k] and decay_name in ("l2", "optax"):
+            raise _Fallback("a decay inside the update with a sparse gradient (refused)")
+        sk = "rows" if lazy else _sparse_kind(opt, conv)
+        if sk is None:
+            raise _Fallback(f"a non-lazy sparse gradient of {type(opt).__name__} under "
+                            f"convention={conv.name!r}")
+        how.append(sk)
+    _validate(opt, positions, how, steps, decays, decay_name, lr_value)
+
+    # Sums of squares for norm clipping: NumPy's pairwise sums, bit for bit (device leaves,
+    # host tree for dense gradients; NumPy itself for the host values of IndexedSlices).
+    sums = [None] * len(grads)
+    gnorm = None
+    if kind in ("norm", "global"):
+        half = kind == "global" and conv.clip_formula == "tf"  # TF's l2_loss halves
+        for dt in dtypes_present:
+            ks = [k for k, i in enumerate(positions) if dtype_of[i] == dt]
+            dense_ks = [k for k in ks if how[k] != "rows" and not isinstance(grads[k],
+                                                                              IndexedSlices)]
+            for k, s in zip(dense_ks, drivers.sums_of_squares([grads[k] for k in dense_ks], dt,
+                                                              half=half)):
+                sums[k] = s
+            with np.errstate(all="ignore"):
+                for k in ks:
+                    if isinstance(grads[k], IndexedSlices):
+                        v = np.ascontiguousarray(grads[k].values)
+                        sums[k] = (dt.type(np.sum(v * v * scalar(dt, 0.5), dtype=dt)) if half
+                                   else np.sum(v * v, dtype=dt))
+        if half:
+            dt = next(iter(dtypes_present))
+            with np.errstate(all="ignore"):
+                h = np.sum(np.asarray(sums, dtype=dt), dtype=dt)
+                gnorm = np.sqrt(h * scalar(dt, 2.0))
+
+    # Clip mode, denominator and scale per gradient (global clipping over all of them).
+    cm, cd, cs = [0] * len(grads), [1] * len(grads), [1] * len(grads)
+    cvs = {}
+    for dt in dtypes_present:
+        ks = [k for k, i in enumerate(positions) if dtype_of[i] == dt]
+        sub = [sums[k] for k in ks] if kind in ("norm", "global") else None
+        cmode, cden, cscale, cv = _plan.clip_arrays(opt, dt, len(ks), sub, gnorm)
+        cvs[dt] = cv
+        for j, k in enumerate(ks):
+            cm[k], cd[k], cs[k] = int(cmode[j]), cden[j], cscale[j]
+
+    # Groups of the dense launches; sparse gradients: their own launches first.
+    planner = _NoExclusions(opt) if decay_name == "optax" else opt
+    groups = {}
+
+    def group(dt, step, owd):
+        grp = groups.get((dt, step, owd))
+        if grp is None:
+            grp = groups[(dt, step, owd)] = _Group(dt, step, owd)
+        return grp
+
+    sparse_calls = []
+    for k, (i, g) in enumerate(zip(positions, grads)):
+        owd = wd if (decay_name == "optax" and decays[k]) else None
+        grp = group(dtype_of[i], steps[k], owd)
+        if how[k] == "densify":
+            vals = _clip_host(g.values, cm[k], cvs[dtype_of[i]], cd[k], cs[k])
+            dense = IndexedSlices(vals, g.indices, g.dense_shape).deduplicate().to_dense()
+            g = kc.to_device(np.ascontiguousarray(dense))
+            cm[k] = 0  # clipped on the host
+        if how[k] in ("dense", "densify"):
+            grp.pos.append(i)
+            grp.grads.append(g)
+            grp.ks.append(k)
+            continue
+        sparse_calls.append((k, i, g, grp))
+        if opt.use_ema:  # the EMA covers every row: an EMA-only entry, after the rows
+            grp.pos.append(i)
+            grp.grads.append(None)
+            grp.ks.append(None)
+    if opt.use_ema and conv.ema in ("keras3", "torch"):  # every built variable is averaged
+        here = set(positions)
+        for i in range(len(opt._vars)):
+            if i not in here:
+                dt = dtype_of[i]
+                grp = next((gr for (d, _, _), gr in groups.items() if d == dt), None)
+                if grp is None:
+                    grp = group(dt, gstep, None)
+                grp.pos.append(i)
+                grp.grads.append(None)
+                grp.ks.append(None)
+
+    slot_names = set(opt._slot_names())
+    for grp in groups.values():
+        pl = _plan.plan(planner, grp.dtype, lr_value, grp.step, 0)
+        if pl is None:
+            raise _Fallback("a step the fused plan cannot express")
+        pl.psc[S.P_CLIP] = cvs.get(grp.dtype, grp.dtype.type(0))
+        rc = opt.update_rule(grp.dtype, lr_value, grp.step, optax_weight_decay=grp.owd)
+        if rc is None or set(rc.rule.slots) != slot_names:
+            raise _Fallback(f"{type(opt).__name__} has no rule for this step")
+        grp.plan, grp.rc = pl, rc
+
+    tpb = kc._launch._tpb()
+    calls = []
+    for k, i, g, grp in sparse_calls:
+        d = state.views[i]
+        dt = dtype_of[i]
+        pl = grp.plan
+        if how[k] == "rows":
+            rc = opt.update_rule(dt, lr_value, steps[k], lazy_rows=True)
+            if rc is None or rc.tail_lanes or not set(rc.rule.slots) <= slot_names:
+                raise _Fallback(f"{type(opt).__name__} has no row rule for this step")
+            if d.size == 0 or np.size(g.indices) == 0:
+                continue
+            ks_ = drivers.kernels(rc.rule, rc.fl, pl.dmode, 0, tpb, dt)
+            rows = d.shape[0]
+            width = d.size // rows
+            _, vals, order, starts, urows = kc._launch._table_inputs(d, g.values, g.indices)
+            P = d.reshape(rows, width)
+            tables = [state.slots[name][i].reshape(rows, width) for name in rc.rule.slots]
+            calls.append((drivers.launch_rows, (ks_, P, tables, vals, order, starts, urows,
+                                                cm[k], cd[k], cs[k],
+                                                pl.dmode if decays[k] else 0, pl.psc, rc.sc),
+                          {}))
+            continue
+        # tf-keras' whole-table sparse updates (the hand-written kernels), values clipped here
+        if decays[k] and pl.dmode != 1:
+            raise _Fallback("a whole-table sparse update with this weight decay")
+        vals = _clip_host(g.values, cm[k], cvs[dt], cd[k], cs[k])
+        width = d.size // d.shape[0] if d.size else 1
+        vals = (np.ascontiguousarray(vals).reshape(vals.shape[0], width)
+                if vals.shape[0] and d.size else np.zeros((0, 1), dt))
+        kw = dict(learning_rate=lr_value, weight_decay=wd if decays[k] else None)
+        if how[k] == "adam_table":
+            vh = state.slots["vhat"][i] if "vhat" in slot_names else None
+            calls.append((kc.adam_sparse, (d, state.slots["m"][i], state.slots["v"][i], vh,
+                                           vals, g.indices),
+                          dict(step=steps[k], beta_1=opt.beta_1, beta_2=opt.beta_2,
+                               epsilon=opt.epsilon, **kw)))
         else:
-            scales = seg.ones(dt)
+            calls.append((kc.sgd_sparse, (d, state.slots["m"][i], vals, g.indices),
+                          dict(momentum=opt.momentum, nesterov=opt.nesterov, **kw)))
+
+    for grp in groups.values():
+        dt, pl, rc = grp.dtype, grp.plan, grp.rc
+        lanes = rc.tail_lanes
+        sizes = [state.views[i].size for i in grp.pos]
+        tails = [n - n % lanes if lanes else n for n in sizes]
+        active = [k is not None for k in grp.ks]
+        dec = [k is not None and decays[k] for k in grp.ks]
+        cmodes = [cm[k] if k is not None else 0 for k in grp.ks]
+        segs = state.rule_segments(dt, grp.pos, dec, tails, active, cmodes)
+        if kind in ("norm", "global"):
+            clips = segs.clip_pairs(dt, [cd[k] if k is not None else 1 for k in grp.ks],
+                                    [cs[k] if k is not None else 1 for k in grp.ks])
+        else:
+            clips = segs.clip_pairs(dt)
+        ks_ = drivers.kernels(rc.rule, rc.fl, pl.dmode, pl.emode, segs.tpb, dt,
+                              items=segs.items)
+        params = [state.views[i] for i in grp.pos]
+        gs = [g if g is not None else state.views[i] for i, g in zip(grp.pos, grp.grads)]
         buf = state.buffers[dt]
-        common = dict(segments=seg, scales=scales, learning_rate=lr_value,
-                      weight_decay=opt.weight_decay, clip=clip,
-                      average=buf["average"] if ema else None, **ema_kw)
-        ps = [d for _, d, _, _, _ in members]
-        gs = [g for _, _, g, _, _ in members]
-        if kind == "adam":
-            calls.append((kc.adam_multi, (ps, gs, buf["m"], buf["v"],
-                                          buf["vhat"] if flag else None),
-                          dict(step=step, **hyper, **common)))
-        else:
-            calls.append((kc.sgd_multi, (ps, gs, buf["m"]),
-                          dict(nesterov=flag, **hyper, **common)))
+        slots = [buf[name] for name in rc.rule.slots]
+        calls.append((drivers.launch_dense, (ks_, segs, clips, params, gs, slots,
+                                             buf.get("average", slots[0]), pl.overwrite,
+                                             pl.psc, rc.sc), {}))
     return calls
 
 
-def _validate_hyperparameters(opt, kind, flag, hyper, present, positions, lr_value, step):
+def _reference_clone(opt):
+    """A shallow copy of ``opt`` that computes with the reference (no device state)."""
+    from refopt import reference
+
+    clone = copy.copy(opt)
+    clone.backend = "reference"
+    clone._kernels = reference
+    clone._cuda = None
+    clone._flat = None
+    return clone
+
+
+def _validate(opt, positions, how, steps, decays, decay_name, lr_value):
     """Raise what the reference would for a hyperparameter changed to an invalid value.
 
-    The launchers convert the hyperparameters at launch time; running the reference's own
-    functions on one-element arrays of each dtype of the step first raises the reference's
+    The scalars are rounded on the host when the launches are prepared; running the
+    reference's own update (``_update_step`` with the reference's functions), weight decay
+    and EMA on one-element arrays of each dtype of the step first raises the reference's
     exceptions, with its messages, before anything is launched.
     """
     from refopt import reference as R
+    from refopt.reference import variants as V
 
-    decays = opt.weight_decay is not None and any(
-        id(opt._vars[i]) not in opt._exclude_ids for i in positions)
-    for dt in {np.dtype(d.dtype) for _, _, d in present}:
-        z = np.zeros(1, dt)
-        with np.errstate(all="ignore"):
-            if decays:
-                R.apply_weight_decay(z, learning_rate=lr_value, weight_decay=opt.weight_decay)
-            if kind == "adam":
-                R.adam_update(z, z, z, z, z if flag else None, learning_rate=lr_value,
-                              step=step, **hyper)
-            else:
-                R.sgd_update(z, z, z, learning_rate=lr_value, nesterov=flag, **hyper)
-            if opt.use_ema:
-                R.ema_update(z, z, ema_momentum=opt.ema_momentum)
-
-
-def _global_scale(norm, clip_norm):
-    dtype = np.asarray(norm).dtype
-    n = dtype.type(norm)
-    c = dtype.type(clip_norm)
-    one = dtype.type(1.0)
+    clone = _reference_clone(opt)
+    dtype_of = opt._cuda.dtypes
+    seen = set()
     with np.errstate(all="ignore"):
-        return n, c * np.minimum(one / n, one / c) + (n - n)
+        for k, i in enumerate(positions):
+            dt = dtype_of[i]
+            lazy = how[k] == "rows"
+            inside = decays[k] and decay_name in ("l2", "optax")
+            key = (dt, steps[k], lazy, inside, decays[k])
+            if key in seen:
+                continue
+            seen.add(key)
+            z = np.zeros(1, dt)
+            p = clone._decay(z, lr_value) if decays[k] else z
+            slots = {name: np.zeros(1, dt) for name in opt._slot_names()}
+            extra = {}
+            if inside:
+                extra["weight_decay"] = opt.weight_decay
+            if lazy:
+                extra["lazy_rows"] = True
+            clone._update_step(p, z, slots, lr_value, steps[k], **extra)
+        if opt.use_ema:
+            for dt in {dtype_of[i] for i in positions}:
+                z = np.zeros(1, dt)
+                if opt.convention.ema == "copy":
+                    R.ema_update(z, z, ema_momentum=opt.ema_momentum)
+                else:
+                    V.ema_variant(z, z, ema_momentum=opt.ema_momentum,
+                                  first_step=opt._iterations == 0, convention=opt.convention)
+
+
+# --------------------------------------------------------------------------- the host path
+def _to_host(d):
+    return d.copy_to_host() if d.size else np.zeros(d.shape, d.dtype)
+
+
+def _upload(dst, host):
+    """``dst[...] = host`` (cast as ``np.copyto`` casts), host to device."""
+    if dst.size == 0:
+        return
+    kc = _kc()
+    with np.errstate(all="ignore"):
+        src = np.ascontiguousarray(np.asarray(host).astype(np.dtype(dst.dtype), copy=False))
+    kc.copy(dst, kc.to_device(src.reshape(dst.shape)))
+
+
+def _host_step(opt, positions, grads, lr_value, kc):
+    """A step the rule drivers cannot express, computed on the host by the reference.
+
+    Copies every variable, slot and average to the host, runs the reference's staged step
+    (``Optimizer._compute_step`` on a clone of ``opt`` that computes with
+    :mod:`refopt.reference`), and returns the uploads of what it changed (run after it
+    returned: a step that raises changes nothing). The same numbers as
+    ``backend="reference"``; the cost is the round trip of the whole state. Taken for:
+    Keras 2's several clips in sequence, TF1's and Keras 2's non-lazy sparse Adam (scatter
+    form), global norm clipping over mixed dtypes (where TF raises), a decay inside the
+    update with a sparse gradient (the frameworks refuse: the reference's error),
+    ``keras3_sparse_square``, an optimizer or a step without a rule (``update_rule`` returns
+    None), lazy rows of a rule with a scalar tail.
+    """
+    state = opt._cuda
+    n = len(opt._vars)
+    hv = [_to_host(d) for d in state.views]
+    hslots = {name: [_to_host(a) for a in opt._slots[name]] for name in opt._slot_names()}
+    havg = [_to_host(a) for a in opt._averages]
+    clone = _reference_clone(opt)
+    clone._vars = hv
+    clone._index = {id(h): i for i, h in enumerate(hv)}
+    clone._slots = hslots
+    clone._averages = havg
+    clone._var_steps = list(opt._var_steps)
+    clone._exclude_ids = {id(hv[i]) for i in range(n) if id(opt._vars[i]) in opt._exclude_ids}
+    pairs = [(g if isinstance(g, IndexedSlices) else _to_host(g), hv[i])
+             for g, i in zip(grads, positions)]
+    with np.errstate(all="ignore"):
+        new_values = clone._compute_step(pairs, lr_value)
+    calls = []
+    for key, (param, slots, average, rows) in new_values.items():
+        i = clone._index[key]
+        if average is not None:
+            calls.append((_upload, (opt._averages[i], average), {}))
+        if rows is not None:  # lazy: only these rows were computed
+            full = hv[i].copy()
+            full[rows] = param
+            param = full
+            expanded = {}
+            for name, arr in slots.items():
+                expanded[name] = hslots[name][i].copy()
+                expanded[name][rows] = arr
+            slots = expanded
+        calls.append((_upload, (state.views[i], param), {}))
+        for name, arr in slots.items():
+            calls.append((_upload, (opt._slots[name][i], arr), {}))
+    return calls
+
+
+def _note_fallback(opt, reason):
+    counts = opt._cuda.fallbacks
+    if reason not in counts:
+        warnings.warn(
+            f"backend='cuda': {reason}; this step was computed on the host by the reference "
+            "(the same numbers; the state is copied to the host and back).",
+            HostStepWarning, stacklevel=4)
+    counts[reason] = counts.get(reason, 0) + 1
 
 
 def finalize(opt, positions):

@@ -363,12 +363,12 @@ def try_fast_step(opt, positions, grads, lr_value):
             return False
         var = opt._vars[i]
         (vals,), _ = _safe_grads(state, [rows2d(g.values)])
-        K = drivers.kernels(rc.rule, rc.fl)
+        K = drivers.kernels(rc.rule, rc.fl, grp.plan.dmode)
         order, srows = stable_order(g.indices)
         tables = [rows2d(opt._slots[name][i]) for name in rc.rule.slots]
         decay = decaying and id(var) not in excluded
         args = (rows2d(var), *tables, order, srows, vals, int(cm[k]), cd[k], cs[k],
-                grp.plan.dmode if decay else 0, grp.plan.psc, rc.sc)
+                grp.plan.dmode if decay else 0, grp.plan.psc, rc.sc, rc.fl)
         calls.append((K.rows, args, vals.size))
     for (dt, step), grp in groups.items():
         if not grp.pos:
@@ -400,10 +400,10 @@ def try_fast_step(opt, positions, grads, lr_value):
             cscale[q] = cs[k]
         buf = state.buffers[dt]
         empty = np.zeros(0, dt)
-        K = drivers.kernels(rc.rule, rc.fl)
+        K = drivers.kernels(rc.rule, rc.fl, pl.dmode, bool(rc.tail_lanes))
         args = (state.paddr[pos], gaddr, seg, cden, cscale,
                 *[buf[name] for name in rc.rule.slots], buf.get("average", empty),
-                pl.dmode, pl.emode, pl.overwrite, pl.psc, rc.sc, safe)
+                pl.dmode, pl.emode, pl.overwrite, pl.psc, rc.sc, rc.fl, safe)
         calls.append((K.dense, args, int(state.count[pos].sum())))
     # Nothing has been written so far; from here on nothing can fail.
     for kernel, args, elements in calls:

@@ -259,12 +259,6 @@ class Optimizer:
             raise TypeError(f"`name` must be a str. Received: name={name!r}")
         self.name = name
         conv = _check_convention(convention)
-        if backend == "cuda" and not _tf_keras_numerics(conv):
-            raise NotImplementedError(
-                "backend='cuda' computes tf-keras' numerics only. Received: convention="
-                f"{conv.name!r} with knobs {sorted(conv.differences(PRESETS['tf_keras']))} "
-                "differing; use backend='cpu' or 'reference'."
-            )
         self._kernels = _get_backend(backend)
         self.backend = backend
         self.convention = conv
@@ -623,7 +617,9 @@ class Optimizer:
         if self.backend == "cuda":
             from refopt.optimizers._cuda import CudaState
 
-            self._cuda = CudaState(var_list, self._slot_names(), self.use_ema)
+            self._cuda = CudaState(var_list, self._slot_names(), self.use_ema,
+                                   self._slot_initial_value,
+                                   average_zero=self.convention.ema == "keras3")
             self._slots = self._cuda.slots
             self._averages = self._cuda.averages
         elif self.backend == "cpu":

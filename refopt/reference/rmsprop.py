@@ -597,6 +597,32 @@ def rmsprop_update(param, grad, velocity, momentum_buf=None, average_gradient=No
     Hinton, Srivastava & Swersky, "Neural Networks for Machine Learning", lecture 6e (2012).
     Graves, "Generating Sequences With Recurrent Neural Networks", arXiv:1308.0850 (centered).
     """
+    param, grad, velocity, momentum_buf, average_gradient, form = check_rmsprop_args(
+        param, grad, velocity, momentum_buf, average_gradient, learning_rate=learning_rate,
+        rho=rho, momentum=momentum, epsilon=epsilon, centered=centered, convention=convention,
+        eps_in_sqrt=eps_in_sqrt)
+    args = (param, grad, velocity, momentum_buf, average_gradient, learning_rate, rho,
+            momentum, epsilon, centered)
+    with np.errstate(all="ignore"):
+        if form in ("tf_keras", "keras3"):
+            out = _keras(*args, use_rsqrt=(form == "tf_keras"))
+        elif form == "optax":
+            out = _optax(*args, eps_in_sqrt=True if eps_in_sqrt is None else eps_in_sqrt)
+        else:
+            out = _FORM_FUNCTIONS[form](*args)
+    w, v, b, a = out
+    return RMSpropResult(
+        np.asarray(w), np.asarray(v),
+        None if b is None else np.asarray(b),
+        None if a is None else np.asarray(a),
+    )
+
+
+def check_rmsprop_args(param, grad, velocity, momentum_buf, average_gradient, *, learning_rate,
+                       rho, momentum, epsilon, centered, convention, eps_in_sqrt):
+    """Validate :func:`rmsprop_update`'s arguments (its Raises section); return
+    ``(param, grad, velocity, momentum_buf, average_gradient, form)``. Shared with the fast
+    backends' ``rmsprop_update`` so that they raise the same errors."""
     param = as_float_array("param", param)
     if isinstance(grad, IndexedSlices):
         raise NotImplementedError(
@@ -643,18 +669,4 @@ def rmsprop_update(param, grad, velocity, momentum_buf=None, average_gradient=No
             f"shape {np.shape(average_gradient)}"
         )
 
-    args = (param, grad, velocity, momentum_buf, average_gradient, learning_rate, rho,
-            momentum, epsilon, centered)
-    with np.errstate(all="ignore"):
-        if form in ("tf_keras", "keras3"):
-            out = _keras(*args, use_rsqrt=(form == "tf_keras"))
-        elif form == "optax":
-            out = _optax(*args, eps_in_sqrt=True if eps_in_sqrt is None else eps_in_sqrt)
-        else:
-            out = _FORM_FUNCTIONS[form](*args)
-    w, v, b, a = out
-    return RMSpropResult(
-        np.asarray(w), np.asarray(v),
-        None if b is None else np.asarray(b),
-        None if a is None else np.asarray(a),
-    )
+    return param, grad, velocity, momentum_buf, average_gradient, form

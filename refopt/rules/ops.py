@@ -326,6 +326,7 @@ def register_cuda():
             return None
         return impl
 
+    @register_jitable  # a device function: a plain Python one cannot be called from a kernel
     def dsub(a, b):
         return ld.dadd_rn(a, -b)
 

@@ -134,11 +134,14 @@ RULES = {
 
 
 def rmsprop_call(dtype, conv, *, learning_rate, rho, momentum, epsilon, centered,
-                 has_buffer, eps_in_sqrt=True):
+                 has_buffer, update_buffer=None, eps_in_sqrt=True):
     """The :class:`~refopt.rules.RuleCall` of one RMSprop step for ``dtype`` under ``conv``.
 
-    ``has_buffer``: the optimizer keeps a ``momentum`` slot (momentum > 0, or TF1).
+    ``has_buffer``: the optimizer keeps a ``momentum`` slot (momentum > 0, or TF1);
+    ``update_buffer``: the step updates it (default ``has_buffer``).
     """
+    if update_buffer is None:
+        update_buffer = has_buffer
     from refopt.reference._common import lr_cast, scalar, tf_cast
 
     dtype = np.dtype(dtype)
@@ -175,5 +178,5 @@ def rmsprop_call(dtype, conv, *, learning_rate, rho, momentum, epsilon, centered
             sc[S_MU] = scalar(dtype, momentum)
             sc[S_NEG_LR] = scalar(dtype, -float(learning_rate))
             sc[S_C1M] = sc[S_C] - scalar(dtype, 1)
-    fl = [form, centered, has_buffer, eps_in_sqrt, abs(float(sc[S_C])) < 0.5]
+    fl = [form, centered, update_buffer, eps_in_sqrt, abs(float(sc[S_C])) < 0.5]
     return RuleCall(RULES[(bool(has_buffer), bool(centered))], scalars(dtype, sc), flags(fl))

@@ -20,13 +20,16 @@ from refopt.kernels.cpu.clipping import (
 )
 from refopt.kernels.cpu.ema import ema_update
 from refopt.kernels.cpu.lazy_adam import lazy_adam_update
+from refopt.kernels.cpu.rmsprop import rmsprop_update
 from refopt.kernels.cpu.sgd import sgd_update
 from refopt.kernels.cpu.weight_decay import apply_weight_decay
 from refopt.reference.adam import AdamResult, adam_scalars
+from refopt.reference.rmsprop import RMSpropResult, initial_velocity, rmsprop_initial_state
 from refopt.reference.sgd import SGDResult
 
 __all__ = [
     "AdamResult",
+    "RMSpropResult",
     "SGDResult",
     "adam_scalars",
     "adam_update",
@@ -36,6 +39,9 @@ __all__ = [
     "clip_by_value",
     "ema_update",
     "global_norm",
+    "initial_velocity",
     "lazy_adam_update",
+    "rmsprop_initial_state",
+    "rmsprop_update",
     "sgd_update",
 ]

@@ -43,6 +43,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+import numpy as np
 from numba import njit
 
 _OPTS = dict(cache=True, error_model="numpy", fastmath=False, nogil=True)
@@ -75,17 +76,18 @@ def _tuple16(a):
 from refopt.rules.steps import clip as _clip, decay as _decay, ema as _ema
 from {module} import {element} as _element
 
-# A compile-time constant of this kernel: the rule's flags. Every branch on them folds
-# away, so the loops are straight-line code that vectorises.
+# The rule's flags: a compile-time constant of this kernel (every branch on them folds away,
+# so the loops are straight-line code that vectorises), or None: read from the ``fl``
+# argument at run time (one kernel for every flag set, for the pure functions).
 FL = {flags}
 
 
 @jit
-def _loop(P, G, {slots_args}A, cmode, dmode, emode, c, d, s, ow, psc, sc, tail):
+def _loop(P, G, {slots_args}A, cmode, dmode, emode, c, d, s, ow, psc, sc, fl, tail):
     # P, G, the slots and A are slices of one span: index i in all of them
     for i in range(P.shape[0]):
         p, g = _decay(P[i], _clip(G[i], cmode, c, d, s), dmode, psc)
-        p, {slot_vals} = _element(p, g, {slot_loads_i}sc, FL, tail)
+        p, {slot_vals} = _element(p, g, {slot_loads_i}sc, {fl_expr}, tail)
 {slot_stores_i}
         if emode != 0:
             a = _ema(A[i], p, emode, psc)
@@ -96,25 +98,26 @@ def _loop(P, G, {slots_args}A, cmode, dmode, emode, c, d, s, ow, psc, sc, tail):
 
 
 @jit
-def _span(P, G, {slots_args}A, lo, hi, o, cmode, dmode, emode, tstart, c, d, s, ow, psc, sc):
+def _span(P, G, {slots_args}A, lo, hi, o, cmode, dmode, emode, tstart, c, d, s, ow, psc, sc,
+          fl):
     # scalars as tuples: values in registers, never reloaded from memory the loop writes
     psc, sc = _tuple8(psc), _tuple16(sc)
     mid = min(max(tstart, lo), hi)
     Ah = A[o + lo:o + mid] if emode != 0 else A
     At = A[o + mid:o + hi] if emode != 0 else A
-    # the common cases with literal modes (each specialised loop vectorises)
-    if cmode == 0 and dmode == 0 and emode == 0:
-        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, 0, 0, c, d, s, False, psc, sc, False)
-    elif cmode == 0 and dmode == 1 and emode == 0:
-        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, 1, 0, c, d, s, False, psc, sc, False)
-    elif cmode == 0 and dmode == 2 and emode == 0:
-        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, 2, 0, c, d, s, False, psc, sc, False)
-    else:
-        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, cmode, dmode, emode, c, d, s, ow, psc, sc,
+    # the common cases with literal modes (each specialised loop vectorises): no clipping,
+    # no EMA, with or without this kernel's decay mode
+    if cmode == 0 and emode == 0 and dmode == 0:
+        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, 0, 0, c, d, s, False, psc, sc, fl, False)
+    elif cmode == 0 and emode == 0 and dmode == {dmode}:
+        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, {dmode}, 0, c, d, s, False, psc, sc, fl,
               False)
-    if mid < hi:
+    else:
+        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, cmode, dmode, emode, c, d, s, ow, psc, sc, fl,
+              False)
+    if {has_tail} and mid < hi:
         _loop(P[mid:hi], G[mid:hi], {slices_tail}At, cmode, dmode, emode, c, d, s, ow, psc, sc,
-              True)
+              fl, True)
 
 
 @jit
@@ -128,8 +131,9 @@ def _ema_only(P, A, lo, hi, o, emode, ow, psc):
 
 
 @pjit
-def dense(paddr, gaddr, seg, cden, cscale, {slots_args}A, dmode, emode, ow, psc, sc):
+def dense(paddr, gaddr, seg, cden, cscale, {slots_args}A, dmode, emode, ow, psc, sc, fl):
     ct, cs = _chunks(seg[:, 1])
+    flt = _tuple8(fl)
     c = psc[2]
     for q in prange(ct.shape[0]):
         t = ct[q]
@@ -141,15 +145,15 @@ def dense(paddr, gaddr, seg, cden, cscale, {slots_args}A, dmode, emode, ow, psc,
         if seg[t, 5] != 0:
             G = carray(_ptr(gaddr[t], psc), (n,))
             _span(P, G, {slots_args}A, lo, hi, o, seg[t, 3], dmode if seg[t, 2] != 0 else 0,
-                  emode, seg[t, 4], c, cden[t], cscale[t], ow, psc, sc)
+                  emode, seg[t, 4], c, cden[t], cscale[t], ow, psc, sc, flt)
         elif emode != 0:
             _ema_only(P, A, lo, hi, o, emode, ow, psc)
 
 
 @pjit
-def rows(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc):
+def rows(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
     urows, sums = _segment_sums(order, srows, vals, cmode, psc[2], d, s, psc[0] * 0)
-    psc, sc = _tuple8(psc), _tuple16(sc)
+    psc, sc, fl = _tuple8(psc), _tuple16(sc), _tuple8(fl)
     u = urows.shape[0]
     for k in prange(u):
         ahead = k + PREFETCH_ROWS
@@ -162,7 +166,7 @@ def rows(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc):
         n = Pr.shape[0]
         for i in range(n):
             p, g = _decay(Pr[i], g_row[i], dmode, psc)
-            p, {slot_vals} = _element(p, g, {row_slot_loads}sc, FL, False)
+            p, {slot_vals} = _element(p, g, {row_slot_loads}sc, {fl_expr}, False)
 {row_slot_stores}
             Pr[i] = p
 '''
@@ -188,15 +192,19 @@ def _cache_dir():
     raise RuntimeError(f"No writable folder for refopt's kernels among {candidates}")
 
 
-def source(rule, fl):
-    """The generated driver module's source for ``rule`` with flags ``fl`` (ints)."""
+def source(rule, fl, dmode=0, tail=False):
+    """The generated driver module's source for ``rule`` with flags ``fl`` (ints), the decay
+    mode its common loop is specialised for and whether a scalar tail exists."""
     k = rule.arity
     names = [f"S{i}" for i in range(k)]
     slot_vals = ", ".join(f"s{i}" for i in range(k)) if k else "_"
     # a rule with no slot returns only p: the template unpacks "p, _"
     return _TEMPLATE.format(
         rule_name=rule.name,
-        flags=repr(tuple(int(f) for f in fl)),
+        flags=repr(None if fl is None else tuple(int(f) for f in fl)),
+        fl_expr="fl" if fl is None else "FL",
+        dmode=int(dmode),
+        has_tail=bool(tail),
         module=rule.element.__module__,
         element=rule.element.__name__,
         slots_args="".join(f"{n}, " for n in names),
@@ -225,11 +233,14 @@ def _digest(rule, text):
     return h.hexdigest()[:16]
 
 
-def kernels(rule, fl):
+def kernels(rule, fl, dmode=0, tail=False):
     """The driver module of ``rule`` (attributes ``dense`` and ``rows``) for the flags ``fl``
-    (a sequence of ints, the rule call's); built once per combination, cached on disk."""
-    fl = tuple(int(f) for f in fl)
-    key = (rule.element.__module__, rule.element.__qualname__, rule.arity, fl)
+    (a sequence of ints, the rule call's; ``None``: flags read at run time), the decay mode its common loop is specialised for
+    (any mode runs, the others on a general loop) and whether a tail exists (``tail_lanes``);
+    built once per combination, cached on disk."""
+    fl = None if fl is None else tuple(int(f) for f in fl)
+    key = (rule.element.__module__, rule.element.__qualname__, rule.arity, fl, int(dmode),
+           bool(tail))
     mod = _BUILT.get(key)
     if mod is not None:
         return mod
@@ -239,7 +250,7 @@ def kernels(rule, fl):
             return mod
         if rule.arity == 0:
             raise ValueError(f"Rule {rule.name!r} has no slot; give it at least one.")
-        text = source(rule, fl)
+        text = source(rule, fl, dmode, tail)
         tag = f"{rule.element.__module__.replace('.', '_')}__{rule.element.__name__}"
         name = f"refopt_driver_{tag}_{_digest(rule, text)}"
         path = _cache_dir() / f"{name}.py"
@@ -253,3 +264,36 @@ def kernels(rule, fl):
         spec.loader.exec_module(mod)
         _BUILT[key] = mod
         return mod
+
+
+def apply(call, param, grad, slots):
+    """One rule step on one tensor into new arrays (the pure functions of this backend).
+
+    Parameters
+    ----------
+    call : refopt.rules.RuleCall
+    param, grad : ndarray of float32 or float64, one shape
+    slots : list of ndarray like ``param``, in the order of ``call.rule.slots``
+
+    Returns
+    -------
+    (ndarray, list of ndarray)
+        The new parameter and slots; the inputs are not modified.
+    """
+    from refopt.kernels.cpu._common import launch
+    from refopt.rules.steps import N_PSC
+
+    dtype = param.dtype
+    p = np.array(param, dtype, order="C", copy=True)
+    g = np.ascontiguousarray(grad)
+    s = [np.array(a, dtype, order="C", copy=True).reshape(-1) for a in slots]
+    n = p.size
+    lanes = call.tail_lanes
+    seg = np.array([[0, n, 0, 0, n - n % lanes if lanes else n, 1]], np.int64)
+    one = np.ones(1, dtype)
+    K = kernels(call.rule, None, 0, True)  # one kernel for every flag set
+    args = (np.array([p.ctypes.data], np.int64), np.array([g.ctypes.data], np.int64), seg, one,
+            one, *s, np.zeros(0, dtype), 0, 0, False, np.zeros(N_PSC, dtype), call.sc, call.fl)
+    with np.errstate(all="ignore"):
+        launch(K.dense, args, n)
+    return p, [a.reshape(param.shape) for a in s]

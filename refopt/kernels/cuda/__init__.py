@@ -15,7 +15,8 @@ import it only for ``backend="cuda"``). Three layers:
 - The mirror of :mod:`refopt.reference`, file for file (``adam.py``, ``clipping.py``, ...):
   ``adam_update``, ``lazy_adam_update``, ``sgd_update``, ``apply_weight_decay``,
   ``clip_by_value``, ``clip_by_norm``, ``global_norm``, ``clip_by_global_norm``,
-  ``ema_update``, with the reference's signatures, checks and result types. They take host
+  ``ema_update``, ``rmsprop_update`` (by the rule driver), with the reference's signatures,
+  checks and result types. They take host
   NumPy arrays, copy them to the device, run the same kernels as the optimizers and return
   new host arrays (inputs untouched). On the simulator the elementwise results are
   bit-identical to the reference; norms are within a few ulp (float64 tile sums). float16
@@ -63,14 +64,17 @@ from refopt.kernels.cuda.clipping import (
 )
 from refopt.kernels.cuda.ema import ema_update
 from refopt.kernels.cuda.lazy_adam import lazy_adam_update
+from refopt.kernels.cuda.rmsprop import rmsprop_update
 from refopt.kernels.cuda.sgd import sgd_update
 from refopt.kernels.cuda.weight_decay import apply_weight_decay
 from refopt.reference.adam import AdamResult, adam_scalars
+from refopt.reference.rmsprop import RMSpropResult, initial_velocity, rmsprop_initial_state
 from refopt.reference.sgd import SGDResult
 
 __all__ = [
     "DTYPES",
     "AdamResult",
+    "RMSpropResult",
     "SGDResult",
     "Segments",
     "adam_dense",
@@ -91,9 +95,12 @@ __all__ = [
     "ema_dense",
     "ema_update",
     "global_norm",
+    "initial_velocity",
     "is_device_array",
     "lazy_adam_rows",
     "lazy_adam_update",
+    "rmsprop_initial_state",
+    "rmsprop_update",
     "require_device",
     "sgd_dense",
     "sgd_multi",

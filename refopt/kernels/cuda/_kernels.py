@@ -39,9 +39,12 @@ _BUILT = {}
 _SIMULATOR = hasattr(cuda, "FakeCUDAKernel")
 
 #: Columns of the int64 segment table of the multi-tensor kernels, one row per tensor: its
-#: offset in the flat slot buffers, its element count, its first chunk, whether it decays.
-SEG_OFFSET, SEG_SIZE, SEG_CHUNK, SEG_DECAY = 0, 1, 2, 3
-SEG_COLUMNS = 4
+#: offset in the flat slot buffers, its element count, its first chunk, whether it decays;
+#: then the columns only the rule drivers (:mod:`refopt.kernels.cuda.drivers`) read: where
+#: its scalar tail starts (``tail=True`` from there on), whether it has a gradient (else
+#: only its EMA is updated) and its clip mode (:func:`refopt.rules.steps.clip`).
+SEG_OFFSET, SEG_SIZE, SEG_CHUNK, SEG_DECAY, SEG_TAIL, SEG_ACTIVE, SEG_CLIP = range(7)
+SEG_COLUMNS = 7
 
 
 def get(tpb, items, dtype):

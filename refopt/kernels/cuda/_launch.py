@@ -322,24 +322,33 @@ class Segments:
     offsets : sequence of int
         Where each tensor's slots start in the flat slot buffers.
     decay : sequence of bool
-        Whether each tensor gets the decoupled weight decay.
+        Whether each tensor gets the weight decay.
+    tails, active, clip : sequences of int, optional
+        Read by the rule drivers only (:mod:`refopt.kernels.cuda.drivers`): where each
+        tensor's scalar tail starts (default: its size, no tail), whether it has a gradient
+        (default 1; 0: only its EMA is updated) and its clip mode (default 0).
 
     Attributes
     ----------
     launches : list of (members, table, nchunks)
         One entry per launch: the tensors' positions in ``sizes`` (at most
-        ``config.TENSORS_PER_LAUNCH``), the device int64 table ``(len(members), 4)`` (columns
-        ``_kernels.SEG_*``: slot offset, size, first chunk, decay flag) and the number of
-        chunks of ``THREADS_PER_BLOCK * ITEMS_PER_THREAD`` elements the launch covers.
+        ``config.TENSORS_PER_LAUNCH``), the device int64 table ``(len(members), 7)`` (columns
+        ``_kernels.SEG_*``: slot offset, size, first chunk, decay flag, tail start, active
+        flag, clip mode) and the number of chunks of ``THREADS_PER_BLOCK * ITEMS_PER_THREAD``
+        elements the launch covers.
 
     Raises
     ------
     ValueError
-        If the three sequences differ in length, or ``config.TENSORS_PER_LAUNCH`` < 1.
+        If the sequences differ in length, or ``config.TENSORS_PER_LAUNCH`` < 1.
     """
 
-    def __init__(self, sizes, offsets, decay):
-        if not len(sizes) == len(offsets) == len(decay):
+    def __init__(self, sizes, offsets, decay, tails=None, active=None, clip=None):
+        tails = list(sizes) if tails is None else list(tails)
+        active = [1] * len(sizes) if active is None else list(active)
+        clip = [0] * len(sizes) if clip is None else list(clip)
+        if not (len(sizes) == len(offsets) == len(decay) == len(tails) == len(active)
+                == len(clip)):
             raise ValueError(
                 f"sizes, offsets and decay must have one entry per tensor. Received lengths "
                 f"{len(sizes)}, {len(offsets)}, {len(decay)}")
@@ -364,6 +373,9 @@ class Segments:
                 table[r, _kernels.SEG_SIZE] = int(sizes[k])
                 table[r, _kernels.SEG_CHUNK] = first
                 table[r, _kernels.SEG_DECAY] = bool(decay[k])
+                table[r, _kernels.SEG_TAIL] = int(tails[k])
+                table[r, _kernels.SEG_ACTIVE] = bool(active[k])
+                table[r, _kernels.SEG_CLIP] = int(clip[k])
                 first += -(-int(sizes[k]) // self.chunk)
             self.launches.append((members, cuda.to_device(table), first))
 
@@ -394,6 +406,25 @@ class Segments:
         if dtype not in self._ones:
             self._ones[dtype] = self.scales(dtype)
         return self._ones[dtype]
+
+    def clip_pairs(self, dtype, cden=None, cscale=None):
+        """Per launch, the device array ``(len(members), 2)`` of each tensor's clip
+        denominator and scale (the rule drivers' ``clip`` argument), rounded to ``dtype``.
+
+        ``None`` for both: ones, cached per dtype (steps without norm clipping copy
+        nothing).
+        """
+        dtype = np.dtype(dtype)
+        if cden is None and cscale is None:
+            key = ("pairs", dtype)
+            if key not in self._ones:
+                self._ones[key] = self.clip_pairs(dtype, np.ones(self.count), np.ones(self.count))
+            return self._ones[key]
+        with np.errstate(all="ignore"):
+            both = np.stack([np.asarray(cden).astype(dtype), np.asarray(cscale).astype(dtype)],
+                            axis=1)
+        return [cuda.to_device(np.ascontiguousarray(both[members]))
+                for members, _, _ in self.launches]
 
     def tuples(self, arrays, members):
         """``arrays[k]`` (flattened) for the members, padded to ``width`` with the first."""

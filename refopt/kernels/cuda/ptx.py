@@ -262,6 +262,104 @@ def kernel_signatures(dtype, width):
     }
 
 
+def rule_kernel_signatures(dtype, width, arity):
+    """The numba argument types of the rule drivers' kernels (:mod:`refopt.kernels.cuda.drivers`)
+    for a rule of ``arity`` slots, as :func:`~refopt.kernels.cuda.drivers.launch_dense`,
+    :func:`~refopt.kernels.cuda.drivers.launch_rows` and
+    :func:`~refopt.kernels.cuda.drivers.sums_of_squares` pass them: the pipeline's 8 and the
+    rule's 16 scalars as tuples of ``dtype`` scalars, the clip pairs a ``(tensors, 2)`` array,
+    the leaf sums of float16 in float32.
+
+    Returns
+    -------
+    dict of str to tuple of numba types
+        ``"dense"``, ``"rows"`` and ``"leaf_sums"``.
+    """
+    from numba import typeof, types
+
+    dtype = np.dtype(dtype)
+    acc = np.dtype(np.float32) if dtype == np.dtype(np.float16) else dtype
+    a1 = typeof(np.zeros(2, dtype))
+    a2 = typeof(np.zeros((2, 2), dtype))
+    i1 = typeof(np.zeros(2, np.int64))
+    i2 = typeof(np.zeros((2, 2), np.int64))
+    s = typeof(dtype.type(1))
+    n = typeof(1)
+    b = typeof(True)
+    tup = types.UniTuple(a1, width)
+    psc = types.UniTuple(s, 8)
+    sc = types.UniTuple(s, 16)
+    return {
+        "dense": (tup, tup, i2, a2, n) + (a1,) * arity + (a1, b, psc, sc),
+        "rows": (a2,) + (a2,) * arity + (a2, i1, i1, i1, n, s, s, n, psc, sc, s),
+        "leaf_sums": (tup, i1, i1, i1, typeof(np.zeros(2, acc)), b, s, typeof(acc.type(0))),
+    }
+
+
+def rule_variants(dtype=np.float32, rmsprop=False):
+    """The rule kernels the optimizers build, one per distinct ``(rule, flags, decay mode,
+    EMA mode)``, gathered from real optimizers of every convention preset: Adam, AMSGrad,
+    AdamW, Adam with its convention's weight decay, with the EMA where the convention has
+    one; LazyAdam's row rule (SparseAdam for torch); SGD with momentum, Nesterov, PyTorch's
+    momentum 0; with ``rmsprop``, RMSprop plain and centered with momentum (not by default:
+    its ``ops.rsqrt`` calls ``math.frexp``, whose numba-cuda lowering has one plain
+    ``mul.f64`` by 2**54 and one ``add.f64`` ``x + x``, both exact, which the audit's rule
+    "every multiply explicitly rounded" flags).
+
+    Returns
+    -------
+    list of (label, Rule, fl tuple, dmode, emode, rows)
+        ``rows``: the variant runs the ``rows`` kernel (a lazy row rule), else ``dense``.
+    """
+    import refopt
+    from refopt.conventions import PRESETS
+    from refopt.optimizers import _plan
+
+    dtype = np.dtype(dtype)
+    out = {}
+
+    def add(label, opt, rows=False):
+        rc = opt.update_rule(dtype, 0.01, 3, lazy_rows=rows,
+                             optax_weight_decay=(opt.weight_decay
+                                                 if opt.weight_decay is not None
+                                                 and opt._decay_mode() == "optax" else None))
+        if rc is None:
+            return
+        pl = _plan.plan(opt, dtype, 0.01, 3, 0)
+        dmode, emode = (pl.dmode, 0 if rows else pl.emode) if pl is not None else (0, 0)
+        key = (rc.rule.name, tuple(int(f) for f in rc.fl), dmode, emode, rows)
+        out.setdefault(key, (f"{label}", rc.rule, key[1], dmode, emode, rows))
+
+    for name, conv in PRESETS.items():
+        ema = conv.ema != "none"
+        base = dict(convention=name, use_ema=ema)
+        add(f"{name} Adam", refopt.Adam(**base))
+        add(f"{name} AMSGrad", refopt.Adam(amsgrad=True, **base))
+        if conv.adamw_weight_decay != "none":
+            add(f"{name} AdamW", refopt.AdamW(**base))
+            add(f"{name} AdamW AMSGrad", refopt.AdamW(amsgrad=True, **base))
+        if conv.adam_weight_decay != "none":
+            add(f"{name} Adam wd", refopt.Adam(weight_decay=0.01, **base))
+        add(f"{name} LazyAdam rows", refopt.LazyAdam(convention=name), rows=True)
+        add(f"{name} LazyAdam AMSGrad rows", refopt.LazyAdam(amsgrad=True, convention=name),
+            rows=True)
+        add(f"{name} SGD momentum", refopt.SGD(momentum=0.9, **base))
+        add(f"{name} SGD Nesterov", refopt.SGD(momentum=0.9, nesterov=True, **base))
+        add(f"{name} SGD", refopt.SGD(**base))
+        if conv.sgd_momentum == "tf1":
+            add(f"{name} SGD rows", refopt.SGD(momentum=0.9, convention=name), rows=True)
+        if conv.ema == "torch":  # AveragedModel's lerp after its first (copy) update
+            for mu in (0.99, 0.2):  # |1 - mu| < 0.5 and >= 0.5: EMA modes 3 and 4
+                opt = refopt.Adam(ema_momentum=mu, **base)
+                opt.iterations = 5
+                add(f"{name} Adam EMA {mu}", opt)
+        if rmsprop:
+            add(f"{name} RMSprop", refopt.RMSprop(learning_rate=0.01, **base))
+            add(f"{name} RMSprop centered momentum",
+                refopt.RMSprop(learning_rate=0.01, centered=True, momentum=0.9, **base))
+    return list(out.values())
+
+
 @contextlib.contextmanager
 def _device_stand_in(cc):
     """Answer numba-cuda's "current device" query with compute capability ``cc``."""
@@ -299,8 +397,48 @@ def _require_toolchain():
     return cuda
 
 
+#: The rule variants compiled at every compute capability (all of them at the first one):
+#: one per form, the driver code is the same whatever the target.
+REPRESENTATIVE_RULES = ("tf_keras Adam", "tf_keras AdamW AMSGrad", "tf_keras LazyAdam rows",
+                        "torch Adam wd", "torch LazyAdam rows", "optax AdamW AMSGrad",
+                        "torch SGD Nesterov", "tf1 SGD rows")
+
+
+def _report(name, dt, cc, ptx):
+    ops = {**float_ops(ptx), **approximations(ptx)}
+    r = KernelPTX(name, np.dtype(dt).name, tuple(cc), _target(ptx), param_bytes(ptx), ops,
+                  audit_ops(ops))
+    if r.param_bytes > PARAM_LIMIT:
+        r.problems.append(f"parameter block of {r.param_bytes} bytes exceeds {PARAM_LIMIT}")
+    return r
+
+
+def rule_kernels(dtype, width, tpb=256, items=8, labels=None, rmsprop=False):
+    """``(name, py_func, signature)`` of the rule drivers' kernels to audit for ``dtype``.
+
+    Every :func:`rule_variants` (those named in ``labels`` when given), its ``dense`` or
+    ``rows`` kernel as the optimizers launch it; and the pairwise sum-of-squares leaf kernel.
+    Names: ``"rule dense: <variant>"``, ``"rule rows: <variant>"``, ``"rule leaf_sums"``.
+    """
+    from refopt.kernels.cuda import drivers
+
+    dtype = np.dtype(dtype)
+    out = []
+    for label, rule, fl, dmode, emode, rows in rule_variants(dtype, rmsprop=rmsprop):
+        if labels is not None and label not in labels:
+            continue
+        ks = drivers.kernels(rule, fl, dmode, emode, tpb, dtype, items=items)
+        kind = "rows" if rows else "dense"
+        sig = rule_kernel_signatures(dtype, width, rule.arity)[kind]
+        out.append((f"rule {kind}: {label}", getattr(ks, kind).py_func, sig))
+    leaf = drivers._leaf_kernel(tpb, dtype)
+    out.append(("rule leaf_sums", leaf.py_func,
+                rule_kernel_signatures(dtype, width, 1)["leaf_sums"]))
+    return out
+
+
 def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tpb=256, items=8,
-                width=None):
+                width=None, all_rules=False, rmsprop=False):
     """Compile every kernel (and the control) to PTX and audit it.
 
     Parameters
@@ -313,12 +451,19 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
         Threads per block and items per thread the kernels are built for.
     width : int or None
         Tensors per multi-tensor launch (None: ``config.TENSORS_PER_LAUNCH``).
+    all_rules : bool
+        Compile every rule variant (:func:`rule_kernels`) at every cc; by default all of
+        them at the first cc and :data:`REPRESENTATIVE_RULES` at the others.
+    rmsprop : bool
+        Include RMSprop's rules (see :func:`rule_variants`).
 
     Returns
     -------
     list of KernelPTX
-        The kernels' reports, then one ``"control"`` report per cc and dtype, whose
-        ``problems`` list the contraction NVVM applied to plain operators.
+        The kernels' reports (the hand-written kernels of :mod:`~refopt.kernels.cuda._kernels`
+        and the rule drivers' kernels, named ``"rule ..."``), then one ``"control"`` report
+        per cc and dtype, whose ``problems`` list the contraction NVVM applied to plain
+        operators.
 
     Raises
     ------
@@ -334,20 +479,18 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
 
     width = int(config.TENSORS_PER_LAUNCH if width is None else width)
     reports = []
-    for cc in ccs:
+    for n_cc, cc in enumerate(ccs):
         with _device_stand_in(cc):
             for dt in dtypes:
                 dt = np.dtype(dt)
                 K = _kernels.get(tpb, items, dt)
                 for name, sig in kernel_signatures(dt, width).items():
                     ptx, _ = cuda.compile_ptx(getattr(K, name).py_func, sig, cc=tuple(cc))
-                    ops = {**float_ops(ptx), **approximations(ptx)}
-                    r = KernelPTX(name, dt.name, tuple(cc), _target(ptx), param_bytes(ptx),
-                                  ops, audit_ops(ops))
-                    if r.param_bytes > PARAM_LIMIT:
-                        r.problems.append(f"parameter block of {r.param_bytes} bytes exceeds "
-                                          f"{PARAM_LIMIT}")
-                    reports.append(r)
+                    reports.append(_report(name, dt, cc, ptx))
+                labels = None if (all_rules or n_cc == 0) else REPRESENTATIVE_RULES
+                for name, fn, sig in rule_kernels(dt, width, tpb, items, labels, rmsprop):
+                    ptx, _ = cuda.compile_ptx(fn, sig, cc=tuple(cc))
+                    reports.append(_report(name, dt, cc, ptx))
                 a = typeof(np.zeros(2, dt))
                 ptx, _ = cuda.compile_ptx(_control, (a, a, a, a), cc=tuple(cc))
                 ops = {**float_ops(ptx), **approximations(ptx)}
@@ -392,17 +535,22 @@ def compile_on_device(dtypes=(np.float16, np.float32, np.float64), tpb=256, item
     for dt in dtypes:
         dt = np.dtype(dt)
         K = _kernels.get(tpb, items, dt)
-        for name, sig in kernel_signatures(dt, width).items():
-            lib = getattr(K, name).compile(sig).library
+        from refopt.kernels.cuda import drivers
+
+        kernels = [(name, getattr(K, name), sig)
+                   for name, sig in kernel_signatures(dt, width).items()]
+        for label, rule, fl, dmode, emode, rows in rule_variants(dt):
+            ks = drivers.kernels(rule, fl, dmode, emode, tpb, dt, items=items)
+            kind = "rows" if rows else "dense"
+            kernels.append((f"rule {kind}: {label}", getattr(ks, kind),
+                            rule_kernel_signatures(dt, width, rule.arity)[kind]))
+        kernels.append(("rule leaf_sums", drivers._leaf_kernel(tpb, dt),
+                        rule_kernel_signatures(dt, width, 1)["leaf_sums"]))
+        for name, kernel, sig in kernels:
+            lib = kernel.compile(sig).library
             lto = bool(getattr(lib, "_lto", False))
             ptx = lib.get_lto_ptx(cc=cc) if lto else lib.get_asm_str(cc=cc)
-            ops = {**float_ops(ptx), **approximations(ptx)}
-            r = KernelPTX(name + (" (after LTO)" if lto else ""), dt.name, cc, _target(ptx),
-                          param_bytes(ptx), ops, audit_ops(ops))
-            if r.param_bytes > PARAM_LIMIT:
-                r.problems.append(f"parameter block of {r.param_bytes} bytes exceeds "
-                                  f"{PARAM_LIMIT}")
-            reports.append(r)
+            reports.append(_report(name + (" (after LTO)" if lto else ""), dt, cc, ptx))
     return reports
 
 
@@ -424,13 +572,20 @@ def main(argv=None):
                         help="compute capability MAJOR.MINOR (repeatable; default 8.0, 9.0 "
                              "and 10.0)")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
+    parser.add_argument("--all-rules", action="store_true",
+                        help="compile every rule variant at every cc (default: all at the "
+                             "first cc, one per form at the others)")
+    parser.add_argument("--rmsprop", action="store_true",
+                        help="also audit RMSprop's rule kernels (known to fail the strict "
+                             "rule on math.frexp's exact plain mul.f64)")
     parser.add_argument("--device", action="store_true",
                         help="compile for the current GPU as a launch does (with link-time "
                              "optimisation when nvJitLink is there) and audit that PTX")
     args = parser.parse_args(argv)
     ccs = list(dict.fromkeys(args.cc)) if args.cc else list(DEFAULT_CCS)
     try:
-        reports = compile_on_device() if args.device else compile_all(ccs=ccs)
+        reports = (compile_on_device() if args.device else
+                   compile_all(ccs=ccs, all_rules=args.all_rules, rmsprop=args.rmsprop))
     except Exception as exc:  # the simulator is on, the toolchain or a target is missing
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         msg = f"cannot compile to PTX: {type(exc).__name__}: {msg}"
