@@ -67,6 +67,15 @@ SGD_ERRORS = (
     ({"nesterov": None}, TypeError, r"nesterov.*bool"),
 )
 
+RMSPROP_ERRORS = (
+    ({"rho": 1.5}, ValueError, r"rho.*\[0, 1\].*Received: rho=1\.5"),
+    ({"momentum": -0.1}, ValueError, r"momentum.*>= 0.*Received: momentum=-0\.1"),
+    ({"epsilon": -1.0}, ValueError, r"epsilon.*>= 0"),
+    ({"centered": 1}, TypeError, r"centered.*bool"),
+    ({"eps_in_sqrt": False}, ValueError, r"eps_in_sqrt.*optax.*Received: eps_in_sqrt=False"),
+    ({"learning_rate": None, "convention": "tf1"}, TypeError, r"needs a `learning_rate`"),
+)
+
 ADAM_CONFIGS = (
     {},
     {"amsgrad": True},
@@ -97,6 +106,16 @@ OPTIMIZERS = (
         ),
         COMMON_ERRORS + SGD_ERRORS,
         ("m",),
+    ),
+    OptimizerInfo(
+        refopt.RMSprop,
+        (
+            {},
+            {"momentum": 0.9, "centered": True},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True},
+        ),
+        COMMON_ERRORS + RMSPROP_ERRORS,
+        ("velocity",),
     ),
 )
 

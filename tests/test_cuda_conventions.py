@@ -305,3 +305,27 @@ def test_kernels_are_built_once_per_rule_flags_and_modes():
     run_both(refopt.Adam, dict(learning_rate=0.01, convention="optax"), dtypes=(F32,) * 3,
              steps=2)
     assert len(drivers._BUILT) == before
+
+
+# The frameworks' own recorded trajectories (refopt.conformance), first steps, on cuda: the
+# same verdict and the same worst ulp distance as the reference backend (which they are
+# checked against in tests/test_conformance.py). One or two cases per framework.
+GOLDEN = ["keras2/adam_sparse_f32", "keras2/clipvalue_clipnorm_f32", "keras3/ema_adam_f32",
+          "keras3/adam_sparse_dup_f32", "tf1/lazyadam_f32", "tf1/momentum_nesterov_f32",
+          "torch/adam_l2_fused_f32", "torch/sparseadam_f32", "torch/ema_f32",
+          "optax/adamw_f32", "optax/clip_by_global_norm_nonfinite_f32",
+          "tf_keras/global_clipnorm_nonfinite_f32"]
+
+
+@pytest.mark.filterwarnings("ignore::refopt.optimizers._cuda.HostStepWarning")
+@pytest.mark.parametrize("case", GOLDEN)
+def test_recorded_framework_trajectories_replay_on_cuda(case):
+    from refopt import conformance
+
+    entry = next(e for e in conformance.load_manifest() if e["id"] == case)
+    entry = dict(entry, steps=min(entry["steps"], 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = conformance.replay(entry)
+        got = conformance.replay(entry, backend="cuda")
+    assert got.passed == want.passed and got.max_ulp == want.max_ulp, got.detail

@@ -16,6 +16,7 @@ DTYPES = ("float16", "float32", "float64")
 FIND = settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck))
 ADAM_KEYS = {"learning_rate", "beta_1", "beta_2", "epsilon", "amsgrad"}
 SGD_KEYS = {"learning_rate", "momentum", "nesterov"}
+RMSPROP_KEYS = {"learning_rate", "rho", "momentum", "epsilon", "centered"}
 OPTION_KEYS = {"weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_ema",
                "ema_momentum", "ema_overwrite_frequency"}
 
@@ -32,7 +33,7 @@ def test_docstring_examples_run(name):
 @given(data=st.data(), optimizer=st.sampled_from(OPTIMIZERS), dtype=st.sampled_from(DTYPES))
 def test_hyperparameters_construct_the_optimizer_without_warning(data, optimizer, dtype):
     hp = data.draw(rst.hyperparameters(optimizer=optimizer, dtype=dtype, schedules=True))
-    own = SGD_KEYS if optimizer == "SGD" else ADAM_KEYS
+    own = {"SGD": SGD_KEYS, "RMSprop": RMSPROP_KEYS}.get(optimizer, ADAM_KEYS)
     assert own <= set(hp) <= own | OPTION_KEYS
     assert sum(k in hp for k in ("clipnorm", "global_clipnorm", "clipvalue")) <= 1
     if optimizer == "AdamW":

@@ -9,39 +9,58 @@ is copied first, as ``backend="cpu"`` does, so the result is the reference's); e
 also takes :class:`~refopt.IndexedSlices` gradients (host ``values`` and ``indices``, copied
 over each step).
 
-Design: one launch per dtype group (multi-tensor apply)
---------------------------------------------------------
+Design: the rule drivers, one launch per dtype group (multi-tensor apply)
+-------------------------------------------------------------------------
+Every convention (tf_keras, Keras 3, Keras 2, TF1, PyTorch, optax) and every optimizer with a
+rule (:meth:`~refopt.Optimizer.update_rule`: Adam, AMSGrad, AdamW, LazyAdam, SGD, RMSprop)
+runs on the kernels :mod:`refopt.kernels.cuda.drivers` builds from the rule, with the host
+plan of :mod:`refopt.optimizers._plan` (the same plan and rules as ``backend="cpu"``):
+
 - **Flat state.** At build time each slot (``m``, ``v``, ``vhat``, the EMA ``average``) gets
-  *one* flat device buffer per dtype holding every variable's slot back to back;
-  ``get_slot`` and ``variables`` hand out reshaped views of it.
+  *one* flat device buffer per dtype holding every variable's slot back to back (started at
+  the optimizer's ``_slot_initial_value``; Keras 3's averages at zero); ``get_slot`` and
+  ``variables`` hand out reshaped views of it.
 - **Segment table.** The variables and gradients stay the caller's separate allocations.
   They reach the kernel as two tuples of device arrays (numba passes each array's descriptor
   as kernel parameters; the simulator passes the objects), indexed at run time by the tensor
-  number found in a small device table of ``(slot offset, size, first chunk, decay flag)``
-  rows, built once per set of present variables and cached. Each block takes fixed chunks of
-  ``THREADS_PER_BLOCK * ITEMS_PER_THREAD`` elements of all tensors together, so every dense
-  variable of a dtype is clipped, decayed, updated and averaged by **one launch**
-  (``_kernels.adam_multi`` / ``sgd_multi``), for up to ``config.TENSORS_PER_LAUNCH`` (24)
-  tensors per dtype.
+  number found in a small device table (:class:`refopt.kernels.cuda.Segments`: slot offset,
+  size, first chunk, decay flag, tail start, active flag, clip mode), built once per set of
+  tensors and cached. One launch clips, decays, updates and averages every dense variable of
+  a dtype group, for up to ``config.TENSORS_PER_LAUNCH`` (24) tensors per launch; a group is
+  one dtype, one step (PyTorch counts steps per variable: one group per distinct count) and,
+  for optax's ``adamw``, decay or not (excluded variables get a rule call without it).
+  Variables without a gradient (Keras 3's and PyTorch's EMA of every variable) and sparse
+  variables after their rows are updated ride along as EMA-only entries.
 - **Cost.** CUDA's 4 KiB kernel parameter space holds about 24 pairs of array descriptors,
-  so a group of ``n > 24`` tensors takes ``ceil(n / 24)`` launches (500 small tensors: 21
-  launches instead of 500). No data is copied: raw device pointers would lift the limit but
-  numba cannot dereference them portably and the simulator not at all. Per step and group
-  the host also copies one small array of per-tensor clip factors to the device (the
-  ``clipnorm`` divisors or the global scale; a cached array of ones otherwise), and with
-  ``clipnorm``/``global_clipnorm`` computes each tensor's norm first (one reduction launch
-  and a device-to-host copy per tensor). Each distinct set of present variables builds its
-  table once (a few host-to-device copies).
-- **Lazy rows.** ``IndexedSlices`` gradients of ``LazyAdam`` stay one launch per sparse
-  tensor (``_kernels.lazy_adam_rows``, then the EMA if any), on views of the same flat slots.
+  so a group of ``n > 24`` tensors takes ``ceil(n / 24)`` launches. The scalars are kernel
+  parameters (tuples); per step nothing is copied to the device unless norms clip, then one
+  small array of per-tensor clip factors per launch. Norm clipping needs the gradients' sums
+  of squares bit for bit as NumPy sums them (the reference's): the leaves of NumPy's
+  pairwise tree (at most 128 terms each) are summed on the device, one thread per leaf, and
+  only those partial sums (under 1 % of the data) come back to the host, which adds them up
+  the same tree (:func:`refopt.kernels.cuda.drivers.sums_of_squares`).
+- **Sparse gradients** (``IndexedSlices``: host ``values`` and ``indices``, copied over each
+  step). Lazy optimizers (LazyAdam; SGD under TF1) run the rule's ``rows`` kernel on the
+  present rows (duplicates summed after clipping, in order of appearance; SparseAdam's rule
+  under PyTorch). Non-lazy ones do what their ``_update_step`` does: tf-keras' whole-table
+  updates (``_kernels.adam_sparse_table`` / ``sgd_sparse_table``), or the dense update on
+  ``to_dense()`` (Keras 3's Adam, PyTorch's and optax's SGD).
+- **The host path** (:func:`_host_step`, with one :class:`HostStepWarning` per optimizer and
+  reason): what a single fused pass cannot express runs the reference's staged step on host
+  copies of the whole state and uploads the results: Keras 2's several clips in sequence,
+  TF1's and Keras 2's non-lazy sparse Adam (scatter form), global norm clipping over mixed
+  dtypes (TensorFlow raises there: the reference's error), a decay inside the update with a
+  sparse gradient (refused by the frameworks: the reference's error), PyTorch's and optax's
+  sparse Adam (the reference's TypeError), ``keras3_sparse_square``, LazyAdam with AMSGrad
+  under PyTorch (no SparseAdam rule), float16 RMSprop under torch/optax (the reference's
+  float16 FMA rounds once, the rule's twice), and optimizers without a rule. Same numbers;
+  the cost is the state's round trip. ``opt._cuda.fallbacks`` counts those steps per reason.
 
 Everything that can raise is checked (and every scalar, norm, clip factor and table
 computed) before the first launch, so a raising ``apply_gradients`` changes nothing.
 
-IndexedSlices gradients of ``Adam``/``AdamW``/``SGD`` take tf-keras' non-lazy sparse update of
-the whole variable (``_kernels.adam_sparse_table`` / ``sgd_sparse_table``, one launch per
-sparse tensor). float16 variables are computed in float32 and rounded to float16 after every
-operation (NumPy's float16 arithmetic, bit for bit). Never run on a real GPU yet.
+float16 variables are computed in float32 and rounded to float16 after every operation
+(NumPy's float16 arithmetic, bit for bit). Never run on a real GPU yet.
 """
 
 from __future__ import annotations

@@ -478,9 +478,48 @@ class Optimizer:
         return self._slots[slot_name][i]
 
     # ----------------------------------------------------------------- subclass API
+    #: The extension point. A new optimizer is a subclass that names its slots here and
+    #: writes :meth:`update_step` in NumPy; it gets the whole pipeline (schedules, clipping,
+    #: weight decay, EMA, sparse gradients, checkpoints, the conventions' shared knobs) on
+    #: every backend, computed by :meth:`update_step`; adding :meth:`update_rule` makes it
+    #: fast on ``"cpu"`` and ``"cuda"``. See the README's "Writing an optimizer".
+    slot_variables = ()
+
+    def update_step(self, gradient, variable, slots, learning_rate, step):
+        """One step of this optimizer for one variable, in NumPy (override it).
+
+        Parameters
+        ----------
+        gradient : ndarray
+            The gradient, already clipped (and, under PyTorch's convention with
+            ``weight_decay``, with its L2 term added), same shape and dtype as ``variable``.
+            For a lazy sparse step, the summed rows of the gradient.
+        variable : ndarray
+            The variable after the convention's decoupled weight decay (or its present rows).
+        slots : dict of str -> ndarray
+            The current value of each slot of :attr:`slot_variables`, like ``variable``.
+        learning_rate : float
+            This step's learning rate (a schedule already evaluated).
+        step : int
+            The 1-based step ``t``.
+
+        Returns
+        -------
+        (ndarray, dict of str -> ndarray)
+            The new variable and the new value of every slot. Must not modify its inputs
+            (the pipeline commits everything at the end, so a step that raises changes
+            nothing).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must override update_step (or _update_step).")
+
+    def slot_initial_value(self, name, dtype):
+        """The value every element of slot ``name`` starts with (override it; default 0)."""
+        return np.dtype(dtype).type(0)
+
     def _slot_groups(self):
         """Slot names in tf-keras creation order: a tuple of groups, each interleaved per variable."""
-        raise NotImplementedError
+        return (tuple(self.slot_variables),) if self.slot_variables else ()
 
     def _slot_names(self):
         """Names of the per-variable state arrays."""
@@ -488,11 +527,36 @@ class Optimizer:
 
     def _slot_initial_value(self, name, dtype):
         """The value slot ``name`` starts with (0; TF1's RMSprop ``velocity`` starts at 1)."""
-        return np.dtype(dtype).type(0)
+        return self.slot_initial_value(name, dtype)
 
-    def _update_step(self, param, grad, slots, learning_rate, step):
-        """Return ``(new_param, {slot: new_array})`` for one variable; must not mutate."""
-        raise NotImplementedError
+    def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
+                     lazy_rows=False):
+        """Return ``(new_param, {slot: new_array})`` for one variable; must not mutate.
+
+        The built-in optimizers override this; a user's optimizer overrides
+        :meth:`update_step`, which this calls (after PyTorch's L2 term, if any).
+        """
+        if isinstance(grad, IndexedSlices):  # a non-lazy optimizer sees the dense sum
+            grad = grad.to_dense()
+        if weight_decay is not None:  # PyTorch's L2 term: grad.add(param, alpha=wd)
+            grad = _variants.l2_torch(grad, param, weight_decay)
+        with np.errstate(all="ignore"):
+            new_param, new_slots = self.update_step(grad, param, dict(slots), learning_rate,
+                                                    step)
+        new_param = np.asarray(new_param)
+        if new_param.shape != param.shape or new_param.dtype != param.dtype:
+            raise TypeError(
+                f"{type(self).__name__}.update_step must return the variable with its shape "
+                f"and dtype. Received: shape={new_param.shape}, dtype={new_param.dtype} for "
+                f"shape={param.shape}, dtype={param.dtype}")
+        out = {}
+        for name in slots:
+            if name not in new_slots:
+                raise KeyError(
+                    f"{type(self).__name__}.update_step must return every slot; missing "
+                    f"{name!r}")
+            out[name] = np.asarray(new_slots[name])
+        return new_param, out
 
     def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
                     optax_weight_decay=None):

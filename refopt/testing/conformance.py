@@ -309,11 +309,12 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
     kind = _candidate_kind(candidate, kind)
     smap = _slot_map(candidate, slot_map)
     ref = trajectory.make_optimizer()
-    unknown = sorted(set(smap) - set(_ALL_SLOTS))
+    known = list(dict.fromkeys(_ALL_SLOTS + tuple(ref._slot_names()) + ("average",)))
+    unknown = sorted(set(smap) - set(known))
     if unknown:  # a typo would otherwise silently compare nothing under that name
         raise ValueError(
             f"`slot_map` names slots no refopt optimizer has: {unknown}; refopt's slots are "
-            f"{list(_ALL_SLOTS)}. Received: slot_map={smap!r}"
+            f"{known}. Received: slot_map={smap!r}"
         )
     ref_vars = [a.copy() for a in trajectory.initial]
     ref.build(ref_vars)
@@ -321,7 +322,8 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
     n_vars = len(ref_vars)
     # Every hyperparameter for step functions (learning_rate is replaced by each step's value).
     full_config = {k: v for k, v in ref.get_config().items() if k not in _NOT_HYPERPARAMETERS}
-    title = (f"candidate {_name(candidate)} does not conform to refopt {trajectory.optimizer} "
+    opt_name = getattr(trajectory.optimizer, "__name__", trajectory.optimizer)
+    title = (f"candidate {_name(candidate)} does not conform to refopt {opt_name} "
              f"(convention {trajectory.convention!r}, {trajectory.dtype.name}, tolerance "
              f"{tolerance_ulp} ulp)")
 
@@ -442,8 +444,8 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
     candidate : callable
         A factory of stateful optimizers or a pure step function; see the module docstring of
         :mod:`refopt.testing.conformance` for both interfaces.
-    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD"}, default "Adam"
-        The refopt optimizer to compare with.
+    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD", "RMSprop"} or type, default "Adam"
+        The refopt optimizer to compare with, or your own subclass of ``refopt.Optimizer``.
     config : dict, optional
         Constructor arguments to fix (refopt names; e.g. ``{"amsgrad": True}``); the optimizer's
         other own hyperparameters are drawn in their valid ranges.
@@ -496,9 +498,10 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
 
     from refopt.testing import strategies
 
-    if optimizer not in OPTIMIZERS:
+    if not isinstance(optimizer, type) and optimizer not in OPTIMIZERS:
         raise ValueError(
-            f"`optimizer` must be one of {OPTIMIZERS}. Received: optimizer={optimizer!r}"
+            f"`optimizer` must be one of {OPTIMIZERS} or a refopt.Optimizer subclass. "
+            f"Received: optimizer={optimizer!r}"
         )
     for name, value, low in (("steps", steps, 1), ("max_examples", max_examples, 1),
                              ("max_variables", max_variables, 1)):

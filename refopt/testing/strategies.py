@@ -64,6 +64,8 @@ def _dtype(dtype):
 
 
 def _check_optimizer(optimizer):
+    if isinstance(optimizer, type):  # your own refopt.Optimizer subclass
+        return optimizer_class(optimizer)
     if optimizer not in OPTIMIZERS:
         raise ValueError(
             f"`optimizer` must be one of {OPTIMIZERS} (the optimizers with hyperparameter "
@@ -289,9 +291,12 @@ def hyperparameters(*, optimizer="Adam", dtype="float32", weight_decay=True,
 
     Parameters
     ----------
-    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD"}, default "Adam"
+    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD", "RMSprop"} or type, default "Adam"
         Which optimizer's arguments: Adam family ``learning_rate``, ``beta_1``, ``beta_2``,
-        ``epsilon``, ``amsgrad``; SGD ``learning_rate``, ``momentum``, ``nesterov``.
+        ``epsilon``, ``amsgrad``; SGD ``learning_rate``, ``momentum``, ``nesterov``; RMSprop
+        ``learning_rate``, ``rho``, ``momentum``, ``epsilon``, ``centered``. A subclass of
+        :class:`refopt.Optimizer` (your own) gets ``learning_rate`` and the pipeline options;
+        fix its own arguments with ``fixed``.
     dtype : str or numpy.dtype, default "float32"
         The variables' dtype. For float16, betas stay <= 0.999 (0.9999 rounds to 1.0 in float16)
         and epsilon >= 1e-7 (smaller values round to 0).
@@ -338,7 +343,12 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
         out["beta_2"] = draw(beta)
         out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-8, 1e-3))
         out["amsgrad"] = draw(st.booleans())
-    else:
+    elif issubclass(cls, _optimizers.RMSprop):
+        out["rho"] = draw(st.floats(0.0, 0.999))
+        out["momentum"] = draw(st.sampled_from([0.0, 0.5, 0.9]))
+        out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-8, 1e-3))
+        out["centered"] = draw(st.booleans())
+    elif issubclass(cls, _optimizers.SGD):
         out["momentum"] = draw(st.floats(0.0, 1.0))
         out["nesterov"] = draw(st.booleans())
     if optimizer == "AdamW":
@@ -420,7 +430,7 @@ def trajectories(*, optimizer="Adam", dtype="float32", min_steps=1, max_steps=3,
 
     Parameters
     ----------
-    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD"}, default "Adam"
+    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD", "RMSprop"} or type, default "Adam"
     dtype : str or numpy.dtype, default "float32"
     min_steps, max_steps : int, default 1, 3
         Number of steps T (shrinks towards ``min_steps``).

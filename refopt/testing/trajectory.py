@@ -23,7 +23,7 @@ __all__ = ["OPTIMIZERS", "State", "Trajectory", "optimizer_class", "run_referenc
 
 #: The optimizers the toolkit draws hyperparameters for (any refopt optimizer class name works
 #: for :class:`Trajectory` and :func:`run_reference`).
-OPTIMIZERS = ("Adam", "AdamW", "LazyAdam", "SGD")
+OPTIMIZERS = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop")
 _FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
@@ -32,9 +32,10 @@ def optimizer_class(name):
 
     Parameters
     ----------
-    name : str
+    name : str or type
         A class name exported by :mod:`refopt.optimizers` (``"Adam"``, ``"AdamW"``,
-        ``"LazyAdam"``, ``"SGD"``, ...).
+        ``"LazyAdam"``, ``"SGD"``, ``"RMSprop"``, ...), or a subclass of
+        :class:`refopt.Optimizer` (your own optimizer), returned as is.
 
     Returns
     -------
@@ -46,6 +47,9 @@ def optimizer_class(name):
     ValueError
         If ``name`` is not such a class; the message lists the known names.
     """
+    if isinstance(name, type) and issubclass(name, _optimizers.Optimizer) \
+            and name is not _optimizers.Optimizer:
+        return name
     cls = getattr(_optimizers, name, None) if isinstance(name, str) else None
     if not (isinstance(cls, type) and issubclass(cls, _optimizers.Optimizer)
             and cls is not _optimizers.Optimizer):
@@ -121,8 +125,9 @@ class Trajectory:
 
     Parameters
     ----------
-    optimizer : str
-        A refopt optimizer class name (:func:`optimizer_class`).
+    optimizer : str or type
+        A refopt optimizer class name or a subclass of :class:`refopt.Optimizer`
+        (:func:`optimizer_class`).
     config : dict
         Constructor keyword arguments of that class (``learning_rate`` may be a
         :class:`refopt.schedules.LearningRateSchedule` or its serialized dict, which is

@@ -226,9 +226,13 @@ def _digest(rule, text):
     from refopt.kernels.cpu import _kernels
 
     h = hashlib.sha256(text.encode())
-    for mod in (sys.modules[__name__], ops, steps, _kernels,
-                sys.modules[rule.element.__module__]):
+    for mod in (sys.modules[__name__], ops, steps, _kernels):
         h.update(inspect.getsource(mod).encode())
+    try:  # the rule's module (its helpers too)
+        h.update(inspect.getsource(sys.modules[rule.element.__module__]).encode())
+    except (OSError, TypeError, KeyError):  # defined interactively: its code object
+        code = rule.element.__code__
+        h.update(code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode())
     h.update(numba.__version__.encode())
     return h.hexdigest()[:16]
 

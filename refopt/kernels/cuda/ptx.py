@@ -4,12 +4,18 @@ The simulator runs the kernels as Python, so it can neither catch a kernel numba
 or lower for a device, nor see what NVVM does to the arithmetic. This module asks numba-cuda
 and NVVM (no driver, no GPU: ``cuda.compile_ptx`` with an explicit compute capability) for
 the PTX of every kernel of :mod:`refopt.kernels.cuda._kernels`, with the argument types the
-launchers in :mod:`refopt.kernels.cuda._launch` pass, in float16, float32 and float64, and
-checks:
+launchers in :mod:`refopt.kernels.cuda._launch` pass, and of the kernels the rule drivers
+(:mod:`refopt.kernels.cuda.drivers`) build for every form the optimizers use
+(:func:`rule_variants`: Adam, AMSGrad, AdamW, the lazy row rules and SGD of every convention
+preset, with their decay and EMA modes; all of them at the first compute capability, one per
+form at the others), in float16, float32 and float64, and checks:
 
 - **no contraction**: no ``fma`` and no float ``mul`` without an explicit rounding modifier
   (ptxas may fuse a plain ``mul.f32`` with a following add), so each multiply and add rounds
-  on its own as in the reference;
+  on its own as in the reference. This holds for the rules that *do* round ``a * b + c``
+  once (PyTorch's and XLA's forms): :func:`refopt.rules.ops.fma` emits no ``fma``
+  instruction (float32 through float64 ``mul.rn`` + ``add.rn``, float64 by an error-free
+  transformation);
 - **IEEE operations**: no ``.approx`` and no ``.ftz`` instruction (the default options give
   ``div.rn`` and ``sqrt.rn``; ``fastmath`` would not);
 - **the parameter block**: a multi-tensor launch of ``config.TENSORS_PER_LAUNCH`` tensors
@@ -40,6 +46,7 @@ import argparse
 import collections
 import contextlib
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -438,7 +445,7 @@ def rule_kernels(dtype, width, tpb=256, items=8, labels=None, rmsprop=False):
 
 
 def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tpb=256, items=8,
-                width=None, all_rules=False, rmsprop=False):
+                width=None, all_rules=False, rmsprop=False, jobs=None):
     """Compile every kernel (and the control) to PTX and audit it.
 
     Parameters
@@ -456,6 +463,9 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
         them at the first cc and :data:`REPRESENTATIVE_RULES` at the others.
     rmsprop : bool
         Include RMSprop's rules (see :func:`rule_variants`).
+    jobs : int or None
+        Processes compiling ``(cc, dtype)`` tasks in parallel (None: one per CPU, at most
+        one per task; 1: in this process).
 
     Returns
     -------
@@ -472,30 +482,48 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
     Exception
         From numba-cuda when NVVM/NVRTC cannot be found or a kernel does not compile.
     """
+    _require_toolchain()
+    from refopt.kernels.cuda import config
+
+    width = int(config.TENSORS_PER_LAUNCH if width is None else width)
+    tasks = [(tuple(cc), np.dtype(dt).name, tpb, items, width,
+              None if (all_rules or n_cc == 0) else REPRESENTATIVE_RULES, rmsprop)
+             for n_cc, cc in enumerate(ccs) for dt in dtypes]
+    jobs = min(len(tasks), os.cpu_count() or 1) if jobs is None else max(1, int(jobs))
+    if jobs == 1:
+        results = [_compile_task(*task) for task in tasks]
+    else:  # one (cc, dtype) per task; spawned workers (numba is not fork-safe)
+        import concurrent.futures
+        import multiprocessing
+
+        with concurrent.futures.ProcessPoolExecutor(
+                jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(_compile_task, *zip(*tasks)))
+    return [r for rs in results for r in rs]
+
+
+def _compile_task(cc, dtype, tpb, items, width, labels, rmsprop):
+    """The reports of one compute capability and dtype (see :func:`compile_all`)."""
     cuda = _require_toolchain()
     from numba import typeof
 
-    from refopt.kernels.cuda import _kernels, config
+    from refopt.kernels.cuda import _kernels
 
-    width = int(config.TENSORS_PER_LAUNCH if width is None else width)
+    dt = np.dtype(dtype)
     reports = []
-    for n_cc, cc in enumerate(ccs):
-        with _device_stand_in(cc):
-            for dt in dtypes:
-                dt = np.dtype(dt)
-                K = _kernels.get(tpb, items, dt)
-                for name, sig in kernel_signatures(dt, width).items():
-                    ptx, _ = cuda.compile_ptx(getattr(K, name).py_func, sig, cc=tuple(cc))
-                    reports.append(_report(name, dt, cc, ptx))
-                labels = None if (all_rules or n_cc == 0) else REPRESENTATIVE_RULES
-                for name, fn, sig in rule_kernels(dt, width, tpb, items, labels, rmsprop):
-                    ptx, _ = cuda.compile_ptx(fn, sig, cc=tuple(cc))
-                    reports.append(_report(name, dt, cc, ptx))
-                a = typeof(np.zeros(2, dt))
-                ptx, _ = cuda.compile_ptx(_control, (a, a, a, a), cc=tuple(cc))
-                ops = {**float_ops(ptx), **approximations(ptx)}
-                reports.append(KernelPTX("control", dt.name, tuple(cc), _target(ptx),
-                                         param_bytes(ptx), ops, audit_ops(ops)))
+    with _device_stand_in(cc):
+        K = _kernels.get(tpb, items, dt)
+        for name, sig in kernel_signatures(dt, width).items():
+            ptx, _ = cuda.compile_ptx(getattr(K, name).py_func, sig, cc=tuple(cc))
+            reports.append(_report(name, dt, cc, ptx))
+        for name, fn, sig in rule_kernels(dt, width, tpb, items, labels, rmsprop):
+            ptx, _ = cuda.compile_ptx(fn, sig, cc=tuple(cc))
+            reports.append(_report(name, dt, cc, ptx))
+        a = typeof(np.zeros(2, dt))
+        ptx, _ = cuda.compile_ptx(_control, (a, a, a, a), cc=tuple(cc))
+        ops = {**float_ops(ptx), **approximations(ptx)}
+        reports.append(KernelPTX("control", dt.name, tuple(cc), _target(ptx),
+                                 param_bytes(ptx), ops, audit_ops(ops)))
     return reports
 
 
@@ -578,6 +606,8 @@ def main(argv=None):
     parser.add_argument("--rmsprop", action="store_true",
                         help="also audit RMSprop's rule kernels (known to fail the strict "
                              "rule on math.frexp's exact plain mul.f64)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="processes compiling in parallel (default: one per CPU)")
     parser.add_argument("--device", action="store_true",
                         help="compile for the current GPU as a launch does (with link-time "
                              "optimisation when nvJitLink is there) and audit that PTX")
@@ -585,7 +615,8 @@ def main(argv=None):
     ccs = list(dict.fromkeys(args.cc)) if args.cc else list(DEFAULT_CCS)
     try:
         reports = (compile_on_device() if args.device else
-                   compile_all(ccs=ccs, all_rules=args.all_rules, rmsprop=args.rmsprop))
+                   compile_all(ccs=ccs, all_rules=args.all_rules, rmsprop=args.rmsprop,
+                               jobs=args.jobs))
     except Exception as exc:  # the simulator is on, the toolchain or a target is missing
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         msg = f"cannot compile to PTX: {type(exc).__name__}: {msg}"
