@@ -12,7 +12,9 @@ measured in the same run, on the same machine and thread count:
    indices (many duplicates): ``refopt.LazyAdam(backend="cpu")`` vs the reference backend vs
    ``torch.optim.SparseAdam``.
 3. 500 tensors of 2000 float32 elements: ``refopt.Adam(backend="cpu")`` vs torch fused Adam.
-4. First-step times in fresh processes: cold (empty Numba cache: compiles) and warm (cache).
+4. Every convention (Adam, AdamW, RMSprop, SGD with momentum) at n = 1e7 on ``backend="cpu"``,
+   against tf_keras' time in the same run.
+5. First-step times in fresh processes: cold (empty Numba cache: compiles) and warm (cache).
 
 Times are medians of repeated steps after warm-up, the contenders timed in alternating
 rounds (the machine this project runs on is shared and noisy; best times are printed too).
@@ -230,7 +232,7 @@ def bench_first_step():
              ("LazyAdam", ("refopt.IndexedSlices(np.ones((3, 1), np.float32), [1, 5, 1], "
                            "(1000, 1))"))]
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "REFOPT_KERNEL_CACHE": cache}
         for cls, grad in cases:
             script = _FIRST_STEP.format(cls=cls, grad=grad)
             if cls == "LazyAdam":
@@ -240,6 +242,36 @@ def bench_first_step():
                 out = subprocess.run([sys.executable, "-c", script], env=env, text=True,
                                      capture_output=True, check=True).stdout.split()
                 print(f"| {cls} | {label} | {out[0]} | {out[1]} |")
+
+
+def bench_conventions(n, conventions=("tf_keras", "keras3", "keras2", "tf1", "torch", "optax")):
+    print(f"\n## Every convention on backend='cpu', float32, n = {n:.0e} (median ms of one step; "
+          "same run)\n")
+    print("| optimizer | " + " | ".join(conventions) + " | slowest / tf_keras |")
+    print("|---" * (len(conventions) + 2) + "|")
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal(n, dtype=np.float32)
+    for label, make in (("Adam", lambda c: refopt.Adam(convention=c, backend="cpu")),
+                        ("AdamW", lambda c: refopt.AdamW(convention=c, backend="cpu")),
+                        ("RMSprop", lambda c: refopt.RMSprop(learning_rate=1e-3, convention=c,
+                                                             backend="cpu")),
+                        ("SGD momentum", lambda c: refopt.SGD(momentum=0.9, convention=c,
+                                                              backend="cpu"))):
+        fns, names = [], []
+        for conv in conventions:
+            try:
+                opt = make(conv)
+            except ValueError:  # AdamW does not exist under keras2/tf1
+                continue
+            w = rng.standard_normal(n, dtype=np.float32)
+            pairs = [(g, w)]
+            opt.apply_gradients(pairs)  # build and compile outside the timing
+            fns.append(lambda opt=opt, pairs=pairs: opt.apply_gradients(pairs))
+            names.append(conv)
+        times = dict(zip(names, (t for t, _ in interleaved(fns, 10))))
+        cells = [fmt_ms(times[c]) if c in times else "-" for c in conventions]
+        print(f"| {label} | " + " | ".join(cells) +
+              f" | {max(times.values()) / times['tf_keras']:.2f} |")
 
 
 def main(argv=None):
@@ -255,10 +287,12 @@ def main(argv=None):
         bench_dense([10**5, 10**6], 10**6)
         bench_lazy([10**4, 10**5], 4096, 64)
         bench_small(50, 2000)
+        bench_conventions(10**6)
     else:
         bench_dense([10**5, 10**6, 10**7, 3 * 10**7], 3 * 10**7)
         bench_lazy([10**5, 10**6, 4 * 10**6], 16384, 64)
         bench_small(500, 2000)
+        bench_conventions(10**7)
     bench_first_step()
 
 
