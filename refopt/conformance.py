@@ -179,8 +179,7 @@ def replay(entry, backend="reference"):
     entry : dict
         One entry of :func:`load_manifest`.
     backend : {"reference", "cpu", "cuda"}
-        The refopt backend. ``"cuda"`` needs a GPU or numba's simulator, and tf-keras'
-        numerics with dense gradients.
+        The refopt backend. ``"cuda"`` needs a GPU or numba's simulator (every convention).
 
     Returns
     -------

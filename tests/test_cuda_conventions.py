@@ -329,3 +329,19 @@ def test_recorded_framework_trajectories_replay_on_cuda(case):
         want = conformance.replay(entry)
         got = conformance.replay(entry, backend="cuda")
     assert got.passed == want.passed and got.max_ulp == want.max_ulp, got.detail
+
+
+@pytest.mark.parametrize("conv", ["tf_keras", "torch"])
+def test_a_users_optimizer_with_a_rule_runs_on_the_drivers(conv):
+    # The public extension point (tests/test_extension.py): slots starting at 0.1, a NumPy
+    # update_step and a rule; sparse gradients are densified as the base class does.
+    from test_extension import MyAdagrad, NumpyOnly
+
+    ema = dict(use_ema=True) if conv in HAS_EMA else {}
+    dev = run_both(MyAdagrad, dict(learning_rate=0.1, convention=conv, clipnorm=1.0, **ema),
+                   dtypes=(F32, F64, F32), sparse_at=1, skip_at=2)
+    assert dev._cuda.fallbacks == {}
+    with pytest.warns(_cuda.HostStepWarning, match="NumpyOnly has no rule"):
+        dev = run_both(NumpyOnly, dict(learning_rate=0.1, convention=conv),
+                       dtypes=(F32, F64, F32), steps=2)
+    assert sum(dev._cuda.fallbacks.values()) == 2

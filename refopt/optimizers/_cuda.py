@@ -412,12 +412,17 @@ class _Group:
 def _sparse_kind(opt, conv):
     """How a non-lazy IndexedSlices gradient of ``opt`` is applied, as its ``_update_step``
     does: ``"adam_table"``/``"sgd_table"`` (tf-keras' whole-table sparse updates, the
-    hand-written kernels), ``"densify"`` (the dense update on ``to_dense()``), or None (the
-    host path: TF1's and Keras 2's scatter forms, a framework that refuses it)."""
+    hand-written kernels), ``"densify"`` (the dense update on ``to_dense()``, as the base
+    class does for a user's ``update_step``), or None (the host path: TF1's and Keras 2's
+    scatter forms, a framework that refuses it, another optimizer's own sparse update)."""
     from refopt.optimizers.adam import Adam
+    from refopt.optimizers.base import Optimizer
     from refopt.optimizers.sgd import SGD
     from refopt.reference.variants import is_tf_keras_adam
 
+    owner = next(k for k in type(opt).__mro__ if "_update_step" in vars(k))
+    if owner is Optimizer:  # a user's update_step: the base class densifies
+        return "densify"
     if isinstance(opt, Adam):
         if conv.sparse_adam == "tf_keras" and is_tf_keras_adam(conv):
             return "adam_table"
@@ -528,8 +533,7 @@ def _fused(opt, positions, grads, lr_value, kc):
         half = kind == "global" and conv.clip_formula == "tf"  # TF's l2_loss halves
         for dt in dtypes_present:
             ks = [k for k, i in enumerate(positions) if dtype_of[i] == dt]
-            dense_ks = [k for k in ks if how[k] != "rows" and not isinstance(grads[k],
-                                                                              IndexedSlices)]
+            dense_ks = [k for k in ks if how[k] == "dense"]
             for k, s in zip(dense_ks, drivers.sums_of_squares([grads[k] for k in dense_ks], dt,
                                                               half=half)):
                 sums[k] = s
@@ -603,10 +607,13 @@ def _fused(opt, positions, grads, lr_value, kc):
         if pl is None:
             raise _Fallback("a step the fused plan cannot express")
         pl.psc[S.P_CLIP] = cvs.get(grp.dtype, grp.dtype.type(0))
+        grp.plan = pl  # the sparse members' decay reads it too
+        if not grp.pos:
+            continue
         rc = opt.update_rule(grp.dtype, lr_value, grp.step, optax_weight_decay=grp.owd)
         if rc is None or set(rc.rule.slots) != slot_names:
             raise _Fallback(f"{type(opt).__name__} has no rule for this step")
-        grp.plan, grp.rc = pl, rc
+        grp.rc = rc
 
     tpb = kc._launch._tpb()
     calls = []
@@ -650,6 +657,8 @@ def _fused(opt, positions, grads, lr_value, kc):
                           dict(momentum=opt.momentum, nesterov=opt.nesterov, **kw)))
 
     for grp in groups.values():
+        if not grp.pos:
+            continue
         dt, pl, rc = grp.dtype, grp.plan, grp.rc
         lanes = rc.tail_lanes
         sizes = [state.views[i].size for i in grp.pos]

@@ -20,6 +20,7 @@ independent of the reference's NumPy code, and the property tests compare the tw
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -145,54 +146,97 @@ def adam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step, amsg
 
     ``optax_weight_decay``: optax ``adamw``'s decay inside the update. ``lazy_rows``: the
     call is for the rows of a lazy sparse step (``conv.lazy_update``: TF1/TF-Addons rows use
-    the ``b m + (1 - b) g`` moments; ``"torch_sparse"`` is SparseAdam's rule).
+    the ``b m + (1 - b) g`` moments; ``"torch_sparse"`` is SparseAdam's rule). The scalars
+    that do not depend on the step are computed once per configuration (cached).
     """
     from refopt.reference import variants as V
 
     dtype = np.dtype(dtype)
-    sc = [0] * 13
-    if lazy_rows and conv.lazy_update == "torch_sparse":
-        sc[S_C1] = V.scalar(dtype, 1 - beta_1)
-        sc[S_C2] = V.scalar(dtype, 1 - beta_2)
-        sc[S_EPS] = V.scalar(dtype, epsilon)
-        step_size = float(learning_rate) * math.sqrt(1 - float(beta_2) ** step) / (
-            1 - float(beta_1) ** step)
-        sc[S_NEG_STEP] = V.scalar(dtype, -step_size)
-        return RuleCall(SPARSE_ADAM, scalars(dtype, sc), flags([0]))
+    rule, base, fl, lanes, form, bases = _adam_static(dtype, conv, beta_1, beta_2, epsilon, amsgrad,
+                                                optax_weight_decay, lazy_rows)
+    sc = base.copy()
     if lazy_rows and conv.lazy_update == "ema_rows":
         conv = conv.replace(moment_update="ema")
-    one = V.scalar(dtype, 1)
-    sc[S_C1] = V.one_minus(dtype, beta_1, conv)
-    sc[S_C2] = V.one_minus(dtype, beta_2, conv)
-    sc[S_B1] = V.beta(dtype, beta_1, conv)
-    sc[S_B2] = V.beta(dtype, beta_2, conv)
-    sc[S_EPS] = V.eps_value(dtype, epsilon, conv)
-    moments_form = _MOMENTS[conv.moment_update]
-    lerp_low = abs(float(sc[S_C1])) < 0.5
     with np.errstate(all="ignore"):
-        sc[S_W1] = sc[S_C1] - one
+        if form == 3:  # SparseAdam
+            step_size = float(learning_rate) * math.sqrt(1 - float(beta_2) ** step) / (
+                1 - float(beta_1) ** step)
+            sc[S_NEG_STEP] = -step_size
+            return RuleCall(rule, sc, fl)
+        one = dtype.type(1)
         lr = V.lr_value(dtype, learning_rate, conv)
-        if conv.epsilon_placement == "hat":
-            form = 0
+        if form == 0 and conv.bias_correction == "pow" and dtype in _POW:
+            # the hot path of the Keras conventions: powf/pow of the tf.cast betas
+            pw, (b1c, b2c) = _POW[dtype], bases
+            t = float(dtype.type(step))
+            p1, p2 = dtype.type(pw(float(b1c), t)), dtype.type(pw(float(b2c), t))
+            sc[S_ALPHA] = dtype.type(lr) * np.sqrt(one - p2) / (one - p1)
+        elif form == 0:
             p1 = V.beta_power(dtype, beta_1, step, conv)
             p2 = V.beta_power(dtype, beta_2, step, conv)
             if conv.bias_correction == "float64":
                 p1, p2 = V.scalar(dtype, p1), V.scalar(dtype, p2)
             sc[S_ALPHA] = V.scalar(dtype, lr) * np.sqrt(one - p2) / (one - p1)
-        elif conv.bias_correction == "float64":
-            form = 1
+        elif form == 1:
             bc1 = 1.0 - float(beta_1) ** step
-            sc[S_BC2] = V.scalar(dtype, 1.0 - float(beta_2) ** step)
-            sc[S_BC2_SQRT] = V.scalar(dtype, math.sqrt(1.0 - float(beta_2) ** step))
-            sc[S_NEG_STEP] = V.scalar(dtype, -(float(lr) / bc1))
+            sc[S_BC2] = 1.0 - float(beta_2) ** step
+            sc[S_BC2_SQRT] = math.sqrt(1.0 - float(beta_2) ** step)
+            sc[S_NEG_STEP] = -(float(lr) / bc1)
         else:
-            form = 2
             sc[S_BC1] = one - V.beta_power(dtype, beta_1, step, conv)
             sc[S_BC2] = one - V.beta_power(dtype, beta_2, step, conv)
-            sc[S_NEG_LR] = V.scalar(dtype, -float(lr))
-            if optax_weight_decay is not None:
-                sc[S_WD] = V.scalar(dtype, optax_weight_decay)
+            sc[S_NEG_LR] = -float(lr)
+    return RuleCall(rule, sc, fl, lanes)
+
+
+def _pow_functions():
+    from refopt import _libm
+
+    if not _libm.HAVE_LIBM:
+        return {}
+    return {np.dtype(np.float32): _libm._C["powf"], np.dtype(np.float64): _libm._C["pow"]}
+
+
+#: The C library's powf/pow by dtype (what tf.pow calls), or empty without it.
+_POW = _pow_functions()
+
+
+@functools.lru_cache(maxsize=256)
+def _adam_static(dtype, conv, beta_1, beta_2, epsilon, amsgrad, optax_weight_decay, lazy_rows):
+    """``(rule, scalars without the step's, flags, tail lanes, form, the betas as tf.cast
+    gives them)``; form 3: SparseAdam."""
+    from refopt.reference import variants as V
+
+    sc = [0] * 13
+    with np.errstate(all="ignore"):
+        if lazy_rows and conv.lazy_update == "torch_sparse":
+            sc[S_C1] = V.scalar(dtype, 1 - beta_1)
+            sc[S_C2] = V.scalar(dtype, 1 - beta_2)
+            sc[S_EPS] = V.scalar(dtype, epsilon)
+            return SPARSE_ADAM, scalars(dtype, sc), flags([0]), 0, 3, None
+        if lazy_rows and conv.lazy_update == "ema_rows":
+            conv = conv.replace(moment_update="ema")
+        one = V.scalar(dtype, 1)
+        sc[S_C1] = V.one_minus(dtype, beta_1, conv)
+        sc[S_C2] = V.one_minus(dtype, beta_2, conv)
+        sc[S_B1] = V.beta(dtype, beta_1, conv)
+        sc[S_B2] = V.beta(dtype, beta_2, conv)
+        sc[S_EPS] = V.eps_value(dtype, epsilon, conv)
+        sc[S_W1] = sc[S_C1] - one
+        if optax_weight_decay is not None:
+            sc[S_WD] = V.scalar(dtype, optax_weight_decay)
+    moments_form = _MOMENTS[conv.moment_update]
+    lerp_low = abs(float(sc[S_C1])) < 0.5
+    if conv.epsilon_placement == "hat":
+        form = 0
+    elif conv.bias_correction == "float64":
+        form = 1
+    else:
+        form = 2
     fl = [form, moments_form, lerp_low, conv.amsgrad_maximum == "corrected",
           optax_weight_decay is not None]
     lanes = 32 // dtype.itemsize if moments_form == 2 and dtype.itemsize in (4, 8) else 0
-    return RuleCall(AMSGRAD if amsgrad else ADAM, scalars(dtype, sc), flags(fl), lanes)
+    from refopt.reference._common import tf_cast
+
+    bases = (tf_cast(dtype, beta_1), tf_cast(dtype, beta_2))  # tf.pow's operands
+    return AMSGRAD if amsgrad else ADAM, scalars(dtype, sc), flags(fl), lanes, form, bases

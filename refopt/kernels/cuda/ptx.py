@@ -528,7 +528,7 @@ def _compile_task(cc, dtype, tpb, items, width, labels, rmsprop):
 
 
 def compile_on_device(dtypes=(np.float16, np.float32, np.float64), tpb=256, items=8,
-                      width=None):
+                      width=None, all_rules=False):
     """Compile every kernel for the current GPU as a launch does, and audit that PTX.
 
     A launch compiles through the kernel's dispatcher and, when nvJitLink is available,
@@ -540,6 +540,8 @@ def compile_on_device(dtypes=(np.float16, np.float32, np.float64), tpb=256, item
     ----------
     dtypes, tpb, items, width
         As :func:`compile_all`.
+    all_rules : bool
+        Every rule variant; by default :data:`REPRESENTATIVE_RULES` (one per form).
 
     Returns
     -------
@@ -568,6 +570,8 @@ def compile_on_device(dtypes=(np.float16, np.float32, np.float64), tpb=256, item
         kernels = [(name, getattr(K, name), sig)
                    for name, sig in kernel_signatures(dt, width).items()]
         for label, rule, fl, dmode, emode, rows in rule_variants(dt):
+            if not all_rules and label not in REPRESENTATIVE_RULES:
+                continue
             ks = drivers.kernels(rule, fl, dmode, emode, tpb, dt, items=items)
             kind = "rows" if rows else "dense"
             kernels.append((f"rule {kind}: {label}", getattr(ks, kind),
@@ -602,7 +606,8 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true", help="print a JSON report")
     parser.add_argument("--all-rules", action="store_true",
                         help="compile every rule variant at every cc (default: all at the "
-                             "first cc, one per form at the others)")
+                             "first cc, one per form at the others; with --device, one per "
+                             "form)")
     parser.add_argument("--rmsprop", action="store_true",
                         help="also audit RMSprop's rule kernels (known to fail the strict "
                              "rule on math.frexp's exact plain mul.f64)")
@@ -614,7 +619,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     ccs = list(dict.fromkeys(args.cc)) if args.cc else list(DEFAULT_CCS)
     try:
-        reports = (compile_on_device() if args.device else
+        reports = (compile_on_device(all_rules=args.all_rules) if args.device else
                    compile_all(ccs=ccs, all_rules=args.all_rules, rmsprop=args.rmsprop,
                                jobs=args.jobs))
     except Exception as exc:  # the simulator is on, the toolchain or a target is missing
