@@ -6,7 +6,7 @@ import pytest
 
 import refopt
 from refopt import IndexedSlices
-from refopt.conventions import PRESETS, Convention, get_convention
+from refopt.conventions import PRESETS, get_convention
 
 F = np.float32
 

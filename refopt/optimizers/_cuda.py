@@ -434,15 +434,6 @@ def _sparse_kind(opt, conv):
     return None
 
 
-def _f16_fma_mismatch(opt, conv):
-    """RMSprop's torch and optax forms in float16: the reference rounds each FMA once from
-    float64, ``refopt.rules.ops.fma`` computes ``a * b + c`` in float16 (as Adam's reference
-    does). Until the two agree those steps take the host path."""
-    from refopt.optimizers.rmsprop import RMSprop
-
-    return isinstance(opt, RMSprop) and conv.rmsprop_form in ("torch", "optax")
-
-
 def _clip_host(values, mode, c, d, s):
     """:func:`refopt.rules.steps.clip` on host values (NumPy, one rounding per operation)."""
     with np.errstate(all="ignore"):
@@ -496,9 +487,6 @@ def _fused(opt, positions, grads, lr_value, kc):
     if kind == "several":
         raise _Fallback("Keras 2's several clips in sequence")
     dtypes_present = {dtype_of[i] for i in positions}
-    if np.dtype(np.float16) in dtypes_present and _f16_fma_mismatch(opt, conv):
-        raise _Fallback("float16 RMSprop under torch/optax (the rule's float16 FMA rounds "
-                        "twice, the reference's once)")
     if kind == "global" and len(dtypes_present) > 1:
         # TF: a TypeError (the reference raises it); torch/optax: one norm over mixed dtypes
         raise _Fallback("global norm clipping over gradients of mixed dtypes")

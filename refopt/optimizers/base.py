@@ -951,7 +951,6 @@ class Optimizer:
         return self._iterations
 
     def _compute_step(self, present, lr_value):
-        k = self._kernels
         grads = [g for g, _ in present]
         variables = [v for _, v in present]
         conv = self.convention

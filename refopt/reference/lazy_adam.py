@@ -10,7 +10,6 @@ exactly the dense Adam result.
 
 from __future__ import annotations
 
-import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import as_float_array, check_grad, check_like

@@ -26,6 +26,7 @@ __all__ = [
     "clip_global_norm_variant", "ema_variant", "decay_torch", "is_tf_keras_adam",
 ]
 
+_F16 = np.dtype(np.float16)
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 
@@ -33,7 +34,8 @@ _F64 = np.dtype(np.float64)
 def fma(a, b, c):
     """``a*b + c`` rounded once, elementwise, for float32 and float64 arrays or scalars.
 
-    float32: the product is exact in float64, and the float64 sum is rounded once to float32
+    float32 and float16: the product is exact in float64, and the float64 sum is rounded once
+    to the dtype
     (double rounding could differ in rare halfway cases; none showed up in the golden cases).
     float64: an error-free transformation (Dekker's product, Knuth's sum) gives ``a*b + c``
     as ``s + e`` exactly up to the last step's rounding, which is correct except in rare
@@ -42,8 +44,8 @@ def fma(a, b, c):
     a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
     dtype = np.result_type(a, b, c)
     with np.errstate(all="ignore"):
-        if dtype == _F32:
-            return (a.astype(_F64) * b.astype(_F64) + c.astype(_F64)).astype(_F32)
+        if dtype in (_F32, _F16):  # the product of two float32/float16 is exact in float64
+            return (a.astype(_F64) * b.astype(_F64) + c.astype(_F64)).astype(dtype)
         if dtype != _F64:
             return a * b + c
         p = a * b

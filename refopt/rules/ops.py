@@ -18,9 +18,9 @@ implementations, chosen by where the rule is compiled:
 :func:`fma` is ``a * b + c`` rounded *once*, where a framework's kernel contracts (PyTorch's
 vectorised CPU kernels, XLA under ``jit``). It is computed by the same algorithm on every
 target and in :func:`refopt.reference.variants.fma`: float32 through float64 (the product is
-exact there, the sum is rounded to float64 and then to float32), float64 with Dekker's
-product and Knuth's sum (error-free transformations, falling back to ``a * b + c`` where
-they overflow), float16 as ``a * b + c`` in float16. So every backend gives the same bits,
+exact there, the sum is rounded to float64 and then to float32; float16 likewise), float64
+with Dekker's product and Knuth's sum (error-free transformations, falling back to
+``a * b + c`` where they overflow). So every backend gives the same bits,
 which the property tests check.
 
 ``maximum``/``minimum`` are NumPy's: a NaN on either side propagates; of two equal values
@@ -105,7 +105,7 @@ def fma(a, b, c):
             return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
         if dt == np.float64:
             return _fma64_py(a, b, c)
-        return a * b + c
+        return np.float16(np.float64(a) * np.float64(b) + np.float64(c))
 
 
 # ----------------------------------------------------------------------------- rsqrt
@@ -265,7 +265,7 @@ def _fma_impl(kind, mul_, add_, sub_):
             return add_(mul_(a, b), c)
         return f64
     def f16(a, b, c):
-        return add_(mul_(a, b), c)
+        return np.float16(add_(mul_(np.float64(a), np.float64(b)), np.float64(c)))
     return f16
 
 

@@ -115,10 +115,7 @@ def _span(P, G, {slots_args}A, lo, hi, o, cmode, dmode, emode, tstart, c, d, s, 
     else:
         _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, cmode, dmode, emode, c, d, s, ow, psc, sc, fl,
               False)
-    if {has_tail} and mid < hi:
-        _loop(P[mid:hi], G[mid:hi], {slices_tail}At, cmode, dmode, emode, c, d, s, ow, psc, sc,
-              fl, True)
-
+{tail_block}
 
 @jit
 def _ema_only(P, A, lo, hi, o, emode, ow, psc):
@@ -171,6 +168,12 @@ def rows(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
             Pr[i] = p
 '''
 
+# The scalar tail of PyTorch's vectorised kernels (only in the kernels of rules that have one).
+_TAIL_BLOCK = '''    if mid < hi:
+        _loop(P[mid:hi], G[mid:hi], {slices_tail}At, cmode, dmode, emode, c, d, s, ow, psc, sc,
+              fl, True)
+'''
+
 _LOCK = threading.Lock()
 _BUILT = {}
 
@@ -204,7 +207,8 @@ def source(rule, fl, dmode=0, tail=False):
         flags=repr(None if fl is None else tuple(int(f) for f in fl)),
         fl_expr="fl" if fl is None else "FL",
         dmode=int(dmode),
-        has_tail=bool(tail),
+        tail_block=_TAIL_BLOCK.format(
+            slices_tail="".join(f"{n}[o + mid:o + hi], " for n in names)) if tail else "",
         module=rule.element.__module__,
         element=rule.element.__name__,
         slots_args="".join(f"{n}, " for n in names),

@@ -3,8 +3,7 @@
 The update is :mod:`refopt.rules.rmsprop` (the same rule ``backend="cuda"`` optimizers run,
 through :func:`refopt.kernels.cuda.drivers.apply`); the arguments are checked by the
 reference's own checks, so the errors are the same. Host arrays in, new host arrays out,
-as every mirror function of :mod:`refopt.kernels.cuda`. float16 under the torch and optax
-forms is computed by the reference (its float16 FMA rounds once, ``ops.fma``'s twice).
+as every mirror function of :mod:`refopt.kernels.cuda`.
 """
 
 from __future__ import annotations
@@ -28,13 +27,6 @@ def rmsprop_update(param, grad, velocity, momentum_buf=None, average_gradient=No
         rho=rho, momentum=momentum, epsilon=epsilon, centered=centered, convention=convention,
         eps_in_sqrt=eps_in_sqrt)
     conv = _ref._convention(convention)
-    if param.dtype == np.float16 and form in ("torch", "optax"):
-        # the reference rounds these forms' FMAs once from float64 in float16, the rule's
-        # ops.fma twice (as Adam's reference does): computed by the reference until they agree
-        return _ref.rmsprop_update(
-            param, grad, velocity, momentum_buf, average_gradient, learning_rate=learning_rate,
-            rho=rho, momentum=momentum, epsilon=epsilon, centered=centered,
-            convention=convention, eps_in_sqrt=eps_in_sqrt)
     has_buffer = momentum_buf is not None
     updates = has_buffer and (momentum > 0 or form in ("tf1", "optax"))
     call = rmsprop_call(param.dtype, conv, learning_rate=learning_rate, rho=rho,
