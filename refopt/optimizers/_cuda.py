@@ -269,7 +269,7 @@ class CudaState:
 
 
 def _check_pairs(opt, grads_and_vars):
-    from refopt.optimizers.base import unpack_pairs
+    from refopt.optimizers._checks import unpack_pairs
 
     pairs = unpack_pairs(grads_and_vars)
     seen = set()
@@ -312,7 +312,7 @@ def _check_pairs(opt, grads_and_vars):
 def apply_gradients(opt, grads_and_vars, lr_value):
     """``Optimizer.apply_gradients`` for ``backend="cuda"`` (same order, same errors)."""
     from refopt import schedules as _schedules
-    from refopt.optimizers.base import _INT64_MAX
+    from refopt.optimizers._checks import _INT64_MAX
 
     kc = _kc()
     is_schedule = isinstance(opt._learning_rate, _schedules.LearningRateSchedule)
@@ -409,31 +409,6 @@ class _Group:
         self.pos, self.grads, self.ks = [], [], []  # ks: gradient number, None: EMA only
 
 
-def _sparse_kind(opt, conv):
-    """How a non-lazy IndexedSlices gradient of ``opt`` is applied, as its ``_update_step``
-    does: ``"adam_table"``/``"sgd_table"`` (tf-keras' whole-table sparse updates, the
-    hand-written kernels), ``"densify"`` (the dense update on ``to_dense()``, as the base
-    class does for a user's ``update_step``), or None (the host path: TF1's and Keras 2's
-    scatter forms, a framework that refuses it, another optimizer's own sparse update)."""
-    from refopt.optimizers.adam import Adam
-    from refopt.optimizers.base import Optimizer
-    from refopt.optimizers.sgd import SGD
-    from refopt.reference.variants import is_tf_keras_adam
-
-    owner = next(k for k in type(opt).__mro__ if "_update_step" in vars(k))
-    if owner is Optimizer:  # a user's update_step: the base class densifies
-        return "densify"
-    if isinstance(opt, Adam):
-        if conv.sparse_adam == "tf_keras" and is_tf_keras_adam(conv):
-            return "adam_table"
-        if conv.sparse_adam in ("tf_keras", "densify"):
-            return "densify"
-        return None
-    if isinstance(opt, SGD):
-        return "sgd_table" if conv.sgd_momentum == "keras" else "densify"
-    return None
-
-
 def _clip_host(values, mode, c, d, s):
     """:func:`refopt.rules.steps.clip` on host values (NumPy, one rounding per operation)."""
     with np.errstate(all="ignore"):
@@ -506,7 +481,7 @@ def _fused(opt, positions, grads, lr_value, kc):
             raise _Fallback("keras3_sparse_square with a sparse gradient")
         if decays[k] and decay_name in ("l2", "optax"):
             raise _Fallback("a decay inside the update with a sparse gradient (refused)")
-        sk = "rows" if lazy else _sparse_kind(opt, conv)
+        sk = "rows" if lazy else opt._sparse_update_kind()
         if sk is None:
             raise _Fallback(f"a non-lazy sparse gradient of {type(opt).__name__} under "
                             f"convention={conv.name!r}")

@@ -175,6 +175,16 @@ class Adam(Optimizer):
 
         return "adam", self.amsgrad, scalars_for
 
+    def _sparse_update_kind(self):
+        from refopt.reference.variants import is_tf_keras_adam
+
+        conv = self.convention
+        if conv.sparse_adam == "tf_keras" and is_tf_keras_adam(conv):
+            return "adam_table"
+        if conv.sparse_adam in ("tf_keras", "densify"):
+            return "densify"
+        return None
+
     def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
                     optax_weight_decay=None):
         """The fast paths' rule for one step (see :meth:`Optimizer.update_rule`)."""

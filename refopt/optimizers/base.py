@@ -35,6 +35,7 @@ from refopt import schedules as _schedules
 from refopt.conventions import PRESETS, Convention, get_convention
 from refopt.indexed_slices import IndexedSlices
 from refopt.optimizers import _fast
+from refopt.optimizers._checks import _INT64_MAX, unpack_pairs  # noqa: F401 (re-exported)
 from refopt.reference import variants as _variants
 
 __all__ = ["Optimizer", "BACKENDS", "CONVENTIONS"]
@@ -44,7 +45,6 @@ BACKENDS = ("reference", "cpu", "cuda")
 #: The convention presets (see :mod:`refopt.conventions`).
 CONVENTIONS = tuple(PRESETS)
 
-_INT64_MAX = 2**63 - 1
 _FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 # Keyword arguments the legacy Keras optimizer took and tf-keras 2.11+ refuses with ValueError.
 _LEGACY_KWARGS = ("decay", "gradient_aggregator", "gradient_transformers")
@@ -170,21 +170,6 @@ def _check_convention(convention):
 def _tf_keras_numerics(conv):
     """Whether ``conv`` has every knob of the tf_keras preset (the fast kernels' numerics)."""
     return not conv.differences(PRESETS["tf_keras"])
-
-
-def unpack_pairs(grads_and_vars):
-    """``grads_and_vars`` as a list of ``(grad, var)`` tuples, or a TypeError naming the position."""
-    pairs = []
-    for i, pair in enumerate(grads_and_vars):
-        try:
-            grad, var = pair
-        except (TypeError, ValueError):
-            raise TypeError(
-                "`grads_and_vars` must be an iterable of (gradient, variable) pairs. "
-                f"Received at position {i}: {type(pair).__name__}"
-            ) from None
-        pairs.append((grad, var))
-    return pairs
 
 
 def _describe(a):
@@ -512,6 +497,13 @@ class Optimizer:
         """
         raise NotImplementedError(
             f"{type(self).__name__} must override update_step (or _update_step).")
+
+    def _sparse_update_kind(self):
+        """How a non-lazy IndexedSlices gradient is applied, for the fused backends:
+        ``"densify"`` (the dense update on ``to_dense()``, as :meth:`_update_step` does for a
+        user's :meth:`update_step`), ``"adam_table"``/``"sgd_table"`` (tf-keras' whole-table
+        sparse updates) or None (the host path: the optimizer's own sparse update)."""
+        return "densify" if type(self)._update_step is Optimizer._update_step else None
 
     def slot_initial_value(self, name, dtype):
         """The value every element of slot ``name`` starts with (override it; default 0)."""

@@ -114,6 +114,9 @@ class SGD(Optimizer):
 
         return "sgd", self.nesterov, lambda dtype: dict(alpha=tf_cast(dtype, self.momentum))
 
+    def _sparse_update_kind(self):
+        return "sgd_table" if self.convention.sgd_momentum == "keras" else "densify"
+
     def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
                     optax_weight_decay=None):
         """The fast paths' rule for one step (see :meth:`Optimizer.update_rule`)."""
