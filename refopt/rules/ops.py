@@ -140,19 +140,20 @@ def _rsqrt16(x):
 
 def _rsqrt32(x):
     x64 = np.float64(x)
-    r = div(1.0, sqrt(x64))
-    y = np.float32(r)
-    if not _positive_finite(x64):
-        return y
+    y = np.float32(div(1.0, sqrt(x64)))
+    # the float32 neighbours of y without frexp (y is normal for a positive finite x:
+    # 5e-20 < y < 3e22). y*2**-24 lies in [ulp/2, ulp), so y + 1.5*y*2**-24 is strictly
+    # between y + ulp/2 and y + 3ulp/2 and rounds to y + ulp; y - 0.6*ulp rounds to the
+    # neighbour below (ulp or ulp/2 away). Branch-free, so that loops vectorise.
     yd = np.float64(y)
-    m, e = math.frexp(yd)
-    h = math.ldexp(1.0, e - 25)  # half an ulp of y
-    hd = mul(h, 0.5) if m == 0.5 else h  # half an ulp below y (less at a power of two)
-    if _residual(add(yd, h), x64) < 0.0:  # the root lies above the upper midpoint
-        return np.float32(add(yd, mul(h, 2.0)))
-    if _residual(sub(yd, hd), x64) > 0.0:  # below the lower midpoint
-        return np.float32(sub(yd, mul(hd, 2.0)))
-    return y
+    up = np.float32(add(yd, mul(yd, 8.940696716308594e-08)))  # 1.5 * 2**-24
+    upd = np.float64(up)
+    down = np.float32(sub(yd, mul(sub(upd, yd), 0.6)))
+    downd = np.float64(down)
+    above = _residual(mul(add(yd, upd), 0.5), x64) < 0.0  # the root above the upper midpoint
+    below = _residual(mul(add(yd, downd), 0.5), x64) > 0.0  # below the lower midpoint
+    fixed = up if above else (down if below else y)
+    return fixed if _positive_finite(x64) else y
 
 
 def _rsqrt64(x):
