@@ -25,9 +25,9 @@ class MyAdagrad(refopt.Optimizer):
 
     slot_variables = ("accumulator",)
 
-    def __init__(self, learning_rate=0.01, epsilon=1e-7, **kwargs):
+    def __init__(self, learning_rate=0.01, epsilon=1e-7, name="MyAdagrad", **kwargs):
         self.epsilon = epsilon
-        super().__init__(name="MyAdagrad", learning_rate=learning_rate, **kwargs)
+        super().__init__(name=name, learning_rate=learning_rate, **kwargs)
 
     def slot_initial_value(self, name, dtype):
         return np.dtype(dtype).type(0.1)
@@ -116,3 +116,37 @@ def test_assert_conforms_with_a_user_optimizer():
 
     assert_conforms(lambda **cfg: Port(**cfg), optimizer=MyAdagrad, config={"epsilon": 1e-7},
                     max_examples=10, slot_map={"accumulator": None})
+
+
+def test_user_optimizer_config_round_trip():
+    opt = MyAdagrad(learning_rate=0.2, epsilon=1e-3, clipnorm=1.0)
+    again = MyAdagrad.from_config(opt.get_config())
+    assert again.get_config() == opt.get_config() and again.epsilon == 1e-3
+
+
+def test_subclass_rewriting_update_step_is_not_run_by_the_parent_rule():
+    # A subclass of a class with a rule that rewrites update_step: every backend runs the new
+    # update_step (the inherited rule would compute something else).
+    class DoubleLR(MyAdagrad):
+        def update_step(self, gradient, variable, slots, learning_rate, step):
+            return super().update_step(gradient, variable, slots, 2 * learning_rate, step)
+
+    w_ref, _, _ = _run(DoubleLR, "reference")
+    w_cpu, _, _ = _run(DoubleLR, "cpu")
+    w_double, _, _ = _run(NumpyOnly, "reference")
+    np.testing.assert_array_equal(w_cpu, w_ref)
+    assert not np.array_equal(w_ref, w_double)
+
+
+def test_update_step_on_a_builtin_subclass_is_used():
+    class PlainSGD(refopt.SGD):  # momentum ignored: w - lr * g, written by the user
+        def update_step(self, gradient, variable, slots, learning_rate, step):
+            lr = variable.dtype.type(np.float32(learning_rate))
+            return variable - lr * gradient, dict(slots)
+
+    for backend in ("reference", "cpu"):
+        w = np.ones(3, np.float32)
+        opt = PlainSGD(learning_rate=0.5, momentum=0.9, backend=backend)
+        for _ in range(2):
+            opt.apply_gradients([(np.ones(3, np.float32), w)])
+        np.testing.assert_array_equal(w, np.zeros(3, np.float32))  # 1 - 0.5 - 0.5

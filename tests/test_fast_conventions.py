@@ -121,3 +121,49 @@ def test_rmsprop_tf1_velocity_starts_at_one_on_cpu():
     opt = refopt.RMSprop(learning_rate=0.1, convention="tf1", backend="cpu")
     opt.build([w])
     np.testing.assert_array_equal(opt.get_slot(w, "velocity"), np.ones(3, np.float32))
+
+
+# --------------------------------------------------------------------------- regressions
+@pytest.mark.parametrize("cls", [refopt.Adam, refopt.RMSprop])
+def test_torch_weight_decay_on_a_0d_variable_equals_a_1_element_one(cls):
+    """A 0-d variable got other bits than a 1-element one under torch's L2 decay (the FMA of
+    the reference returned a NumPy scalar, so Adam's vectorised-tail fix of ``v`` was lost,
+    and RMSprop raised); a user's update_step got a scalar too. Both shapes must now give the
+    bits of the (1,)-shaped path, which the golden torch cases cover."""
+    results = []
+    for shape in ((), (1,)):
+        for backend in ("reference", "cpu"):
+            w = np.full(shape, 0.3, np.float32)
+            opt = cls(learning_rate=0.1, weight_decay=0.05, convention="torch", backend=backend)
+            for g in (0.00189053, 0.00107003, -0.25):
+                opt.apply_gradients([(np.full(shape, g, np.float32), w)])
+            results.append([w.reshape(-1)] + [opt.get_slot(w, n).reshape(-1)
+                                               for n in opt.slot_names])
+    for other in results[1:]:
+        for a, b in zip(other, results[0]):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("conv", ["torch", "optax"])
+@pytest.mark.parametrize("cls", [refopt.Adam, refopt.RMSprop])
+def test_global_clipping_over_mixed_dtypes_keeps_dtypes_and_ignores_order(conv, cls):
+    """RMSprop raised and Adam's float32 gradients were scaled in float64 (the first
+    gradient's dtype decided); the norm now meets in the widest dtype, each gradient keeps
+    its own, and the order of the list does not matter."""
+    def run(order):
+        a, b = np.ones(3, np.float64), np.ones(2, np.float32)
+        pairs = [(np.full(3, 2.0), a), (np.full(2, 3.0, np.float32), b)]
+        opt = cls(learning_rate=0.1, convention=conv, global_clipnorm=0.1)
+        opt.apply_gradients(pairs if order else pairs[::-1])
+        return a, b
+
+    (a1, b1), (a2, b2) = run(True), run(False)
+    assert a1.dtype == np.float64 and b1.dtype == np.float32
+    np.testing.assert_array_equal(a1, a2)
+    np.testing.assert_array_equal(b1, b2)
+
+
+@pytest.mark.parametrize("kwargs", [{"amsgrad": True}, {"weight_decay": 0.1}])
+def test_torch_lazy_adam_refuses_what_sparse_adam_lacks(kwargs):
+    with pytest.raises(ValueError, match="SparseAdam, which has no"):
+        refopt.LazyAdam(convention="torch", **kwargs)

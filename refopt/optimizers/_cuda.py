@@ -573,7 +573,7 @@ def _fused(opt, positions, grads, lr_value, kc):
         grp.plan = pl  # the sparse members' decay reads it too
         if not grp.pos:
             continue
-        rc = opt.update_rule(grp.dtype, lr_value, grp.step, optax_weight_decay=grp.owd)
+        rc = opt._rule(grp.dtype, lr_value, grp.step, optax_weight_decay=grp.owd)
         if rc is None or set(rc.rule.slots) != slot_names:
             raise _Fallback(f"{type(opt).__name__} has no rule for this step")
         grp.rc = rc
@@ -585,7 +585,7 @@ def _fused(opt, positions, grads, lr_value, kc):
         dt = dtype_of[i]
         pl = grp.plan
         if how[k] == "rows":
-            rc = opt.update_rule(dt, lr_value, steps[k], lazy_rows=True)
+            rc = opt._rule(dt, lr_value, steps[k], lazy_rows=True)
             if rc is None or rc.tail_lanes or not set(rc.rule.slots) <= slot_names:
                 raise _Fallback(f"{type(opt).__name__} has no row rule for this step")
             if d.size == 0 or np.size(g.indices) == 0:

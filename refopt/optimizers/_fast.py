@@ -204,19 +204,6 @@ def _safe_grads(state, grads):
     return grads, addr
 
 
-_CAPABLE = {}
-
-
-def fast_capable(cls):
-    """Whether ``cls``'s update has a rule: the class that defines its ``_update_step`` also
-    defines ``update_rule`` (a subclass that rewrites the NumPy update of Adam or SGD, or a
-    new optimizer without a rule, takes the staged path with its own ``_update_step``)."""
-    if cls not in _CAPABLE:
-        owner = next((k for k in cls.__mro__ if "_update_step" in vars(k)), None)
-        _CAPABLE[cls] = owner is not None and "update_rule" in vars(owner)
-    return _CAPABLE[cls]
-
-
 class _Group:
     """The tensors of one fused call: one dtype and one step (PyTorch counts per variable)."""
 
@@ -260,7 +247,7 @@ def try_fast_step(opt, positions, grads, lr_value):
     from refopt.optimizers import _plan
 
     state = opt._flat
-    if state is None or state.overlap or not fast_capable(type(opt)):
+    if state is None or state.overlap:
         return False
     # The kernels write through the addresses taken at build time: a variable whose buffer
     # moved since (ndarray.resize) takes the staged path instead.
@@ -349,7 +336,7 @@ def try_fast_step(opt, positions, grads, lr_value):
             return False
         pl.psc[2] = cvs.get(dt, dt.type(0))  # steps.P_CLIP
         plans[(dt, step)] = pl
-        rc = opt.update_rule(dt, lr_value, step, optax_weight_decay=pl.optax_weight_decay)
+        rc = opt._rule(dt, lr_value, step, optax_weight_decay=pl.optax_weight_decay)
         if rc is None or tuple(rc.rule.slots) != tuple(
                 n for n in opt._slot_names() if n in rc.rule.slots) or set(
                 rc.rule.slots) != set(opt._slot_names()):
@@ -358,7 +345,7 @@ def try_fast_step(opt, positions, grads, lr_value):
     for k, i, g, grp in rows_calls:
         if grp.plan.dmode == 3 or grp.plan.optax_weight_decay is not None:
             return False  # the framework refuses this decay with sparse gradients
-        rc = opt.update_rule(grp.dtype, lr_value, grp.step, lazy_rows=True)
+        rc = opt._rule(grp.dtype, lr_value, grp.step, lazy_rows=True)
         if rc is None:
             return False
         var = opt._vars[i]

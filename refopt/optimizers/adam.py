@@ -118,6 +118,9 @@ class Adam(Optimizer):
 
     def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
                      lazy_rows=False):
+        if self._uses_update_step():  # a subclass rewrote the update with update_step
+            return Optimizer._update_step(self, param, grad, slots, learning_rate, step,
+                                          weight_decay, lazy_rows)
         conv = self.convention
         if isinstance(grad, IndexedSlices) and conv.sparse_adam == "error":
             raise TypeError(
@@ -320,6 +323,15 @@ class LazyAdam(Adam):
 
     def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=None,
                  amsgrad=False, name="LazyAdam", **kwargs):
+        conv = _check_convention(kwargs.get("convention", "tf_keras"))
+        if conv.lazy_update == "torch_sparse":
+            for key, value in (("amsgrad", amsgrad),
+                               ("weight_decay", kwargs.get("weight_decay"))):
+                if value not in (None, False):
+                    raise ValueError(
+                        f"LazyAdam under convention={conv.name!r} is torch.optim.SparseAdam, "
+                        f"which has no `{key}`. Received: {key}={value!r}"
+                    )
         super().__init__(
             learning_rate=learning_rate,
             beta_1=beta_1,

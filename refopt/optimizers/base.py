@@ -498,6 +498,23 @@ class Optimizer:
         raise NotImplementedError(
             f"{type(self).__name__} must override update_step (or _update_step).")
 
+    def _owner_index(self, name):
+        mro = type(self).__mro__
+        return next(i for i, k in enumerate(mro) if name in vars(k))
+
+    def _uses_update_step(self):
+        """Whether a subclass's :meth:`update_step` overrides the class's own NumPy update."""
+        return self._owner_index("update_step") < self._owner_index("_update_step")
+
+    def _rule(self, dtype, learning_rate, step, **kwargs):
+        """:meth:`update_rule`, or None when a subclass rewrote the NumPy update below the
+        class that defines the rule (the rule would then compute something else): the
+        executors call this, never :meth:`update_rule` directly."""
+        numpy_owner = min(self._owner_index("update_step"), self._owner_index("_update_step"))
+        if self._owner_index("update_rule") > numpy_owner:
+            return None
+        return self.update_rule(dtype, learning_rate, step, **kwargs)
+
     def _sparse_update_kind(self):
         """How a non-lazy IndexedSlices gradient is applied, for the fused backends:
         ``"densify"`` (the dense update on ``to_dense()``, as :meth:`_update_step` does for a

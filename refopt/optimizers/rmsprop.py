@@ -94,8 +94,8 @@ class RMSprop(Optimizer):
             learning_rate = defaults["learning_rate"]
             if learning_rate is None:
                 raise TypeError(
-                    f"RMSprop under convention={conv.name!r} needs a `learning_rate` "
-                    f"({conv.framework} has no default). Received: learning_rate=None"
+                    f"RMSprop under convention={conv.name!r} needs a `learning_rate` (that "
+                    "framework's RMSprop has no default). Received: learning_rate=None"
                 )
         self.rho = check_real("rho", defaults["rho"] if rho is None else rho, low=0, high=1)
         self.momentum = check_real("momentum", momentum, low=0)
@@ -148,6 +148,9 @@ class RMSprop(Optimizer):
 
     def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
                      lazy_rows=False):
+        if self._uses_update_step():  # a subclass rewrote the update with update_step
+            return Optimizer._update_step(self, param, grad, slots, learning_rate, step,
+                                          weight_decay, lazy_rows)
         from refopt.reference import rmsprop_update
         from refopt.reference.variants import l2_torch
 

@@ -89,6 +89,9 @@ class SGD(Optimizer):
 
     def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
                      lazy_rows=False):
+        if self._uses_update_step():  # a subclass rewrote the update with update_step
+            return Optimizer._update_step(self, param, grad, slots, learning_rate, step,
+                                          weight_decay, lazy_rows)
         conv = self.convention
         if conv.sgd_momentum != "keras" or weight_decay is not None:
             if isinstance(grad, IndexedSlices):  # torch and optax SGD are linear in g

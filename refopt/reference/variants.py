@@ -45,9 +45,11 @@ def fma(a, b, c):
     dtype = np.result_type(a, b, c)
     with np.errstate(all="ignore"):
         if dtype in (_F32, _F16):  # the product of two float32/float16 is exact in float64
-            return (a.astype(_F64) * b.astype(_F64) + c.astype(_F64)).astype(dtype)
+            # np.asarray: a 0-d result stays an array (NumPy's arithmetic on 0-d arrays
+            # returns scalars, which callers could not write into)
+            return np.asarray((a.astype(_F64) * b.astype(_F64) + c.astype(_F64)).astype(dtype))
         if dtype != _F64:
-            return a * b + c
+            return np.asarray(a * b + c)
         p = a * b
         # Dekker: a*b = p + e exactly (Veltkamp split into 26-bit halves)
         split = 134217729.0  # 2**27 + 1
@@ -65,7 +67,7 @@ def fma(a, b, c):
         out = s + (f + e)
         plain = a * b + c
         ok = np.isfinite(out) & np.isfinite(p) & (np.abs(p) < 1e300)
-        return np.where(ok, out, plain)
+        return np.asarray(np.where(ok, out, plain))
 
 
 def is_tf_keras_adam(conv):
@@ -347,7 +349,10 @@ def clip_global_norm_variant(grads, clip_norm, convention):
     present = [g for g in grads if g is not None]
     if not present:
         return list(grads)
-    dtype = _values(present[0]).dtype
+    # Mixed dtypes: the norms meet in the widest dtype (whatever the order of the list), and
+    # every gradient keeps its own dtype (the factor is cast to it, as torch's in-place
+    # ``g.mul_(coef)`` and a 0-d scalar do).
+    dtype = np.result_type(*[_values(g).dtype for g in present])
     with np.errstate(all="ignore"):
         if convention.clip_formula == "torch":
             norms = [np.sqrt(_sum_squares(_values(g))) for g in present]
@@ -356,13 +361,16 @@ def clip_global_norm_variant(grads, clip_norm, convention):
             # reciprocal times the float in torch
             coef = (scalar(dtype, 1) / (total + scalar(dtype, 1e-6))) * scalar(dtype, clip_norm)
             coef = np.minimum(coef, scalar(dtype, 1.0)) if not np.isnan(coef) else coef
-            return [None if g is None else _rewrap(g, _values(g) * coef) for g in grads]
+            return [None if g is None else
+                    _rewrap(g, _values(g) * _values(g).dtype.type(coef)) for g in grads]
         sums = [_sum_squares(_values(g)) for g in present]
         total = np.sqrt(np.sum(np.asarray(sums, dtype), dtype=dtype))
         c = scalar(dtype, clip_norm)
         if total < c:
             return list(grads)
-        return [None if g is None else _rewrap(g, (_values(g) / total) * c) for g in grads]
+        return [None if g is None else _rewrap(
+            g, (_values(g) / _values(g).dtype.type(total)) * _values(g).dtype.type(c))
+            for g in grads]
 
 
 def clip_norm_variant(grad, clip_norm, convention):

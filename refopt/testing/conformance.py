@@ -517,7 +517,8 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
     kind = _candidate_kind(candidate, kind)
     _slot_map(candidate, slot_map)
     # Fail now, with refopt's own message, for a config or convention refopt refuses.
-    optimizer_class(optimizer)(**(config or {}), convention=convention)
+    optimizer_class(optimizer)(**{"learning_rate": 0.01, **(config or {})},
+                               convention=convention)
 
     trajectories = strategies.trajectories(
         optimizer=optimizer, dtype=dtype, max_steps=steps, max_variables=max_variables,
