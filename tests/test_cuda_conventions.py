@@ -206,7 +206,6 @@ def test_torch_per_variable_steps_take_one_launch_per_step_value(monkeypatch):
     ("torch", refopt.LazyAdam, dict(weight_decay=None), False),  # SparseAdam rows
     ("tf1", refopt.Adam, dict(amsgrad=True), True),           # TF1's scatter: host path
     ("keras2", refopt.Adam, {}, True),                        # Keras 2's scatter: host path
-    ("torch", refopt.LazyAdam, dict(amsgrad=True), True),     # no SparseAdam AMSGrad rule
 ], ids=lambda v: getattr(v, "__name__", None) if isinstance(v, type) else None)
 def test_sparse_gradients_under_each_convention(conv, cls, kw, host):
     dev = run_both(cls, dict(learning_rate=0.05, convention=conv, clipnorm=0.8, **kw),
