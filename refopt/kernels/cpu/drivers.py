@@ -147,6 +147,15 @@ def dense(paddr, gaddr, seg, cden, cscale, {slots_args}A, dmode, emode, ow, psc,
             _ema_only(P, A, lo, hi, o, emode, ow, psc)
 
 
+@jit
+def _row(Pr, g_row, {row_args}dmode, psc, sc, fl):
+    for i in range(Pr.shape[0]):
+        p, g = _decay(Pr[i], g_row[i], dmode, psc)
+        p, {slot_vals} = _element(p, g, {row_slot_loads}sc, {fl_expr}, False)
+{row_slot_stores}
+        Pr[i] = p
+
+
 @pjit
 def rows(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
     urows, sums = _segment_sums(order, srows, vals, cmode, psc[2], d, s, psc[0] * 0)
@@ -154,18 +163,15 @@ def rows(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
     u = urows.shape[0]
     for k in prange(u):
         ahead = k + PREFETCH_ROWS
-        if ahead < u:
+        if ahead < u:  # the rows are random: start fetching a few ahead
             _prefetch_row(P, urows[ahead])
+{row_prefetch}
         r = urows[k]
-        Pr = P[r]
-        g_row = sums[k]
 {row_slot_views}
-        n = Pr.shape[0]
-        for i in range(n):
-            p, g = _decay(Pr[i], g_row[i], dmode, psc)
-            p, {slot_vals} = _element(p, g, {row_slot_loads}sc, {fl_expr}, False)
-{row_slot_stores}
-            Pr[i] = p
+        if dmode == 0:  # literal: the common loop is specialised (and vectorises)
+            _row(P[r], sums[k], {row_vars}0, psc, sc, fl)
+        else:
+            _row(P[r], sums[k], {row_vars}dmode, psc, sc, fl)
 '''
 
 # The scalar tail of PyTorch's vectorised kernels (only in the kernels of rules that have one).
@@ -218,8 +224,11 @@ def source(rule, fl, dmode=0, tail=False):
         slices_head="".join(f"{n}[o + lo:o + mid], " for n in names),
         slices_tail="".join(f"{n}[o + mid:o + hi], " for n in names),
         row_slot_views="\n".join(f"        R{i} = {n}[r]" for i, n in enumerate(names)) or "",
+        row_prefetch="\n".join(f"            _prefetch_row({n}, urows[ahead])" for n in names),
+        row_args="".join(f"R{i}, " for i in range(k)),
+        row_vars="".join(f"R{i}, " for i in range(k)),
         row_slot_loads="".join(f"R{i}[i], " for i in range(k)),
-        row_slot_stores="\n".join(f"            R{i}[i] = s{i}" for i in range(k)) or "",
+        row_slot_stores="\n".join(f"        R{i}[i] = s{i}" for i in range(k)) or "",
     )
 
 
