@@ -45,6 +45,7 @@ from refopt.reference._common import (
     tf_cast,
 )
 from refopt.reference.variants import fma as _fma_f32_f64
+from refopt.reference.variants import two_prod
 
 __all__ = [
     "RMSpropResult",
@@ -167,20 +168,6 @@ def rmsprop_initial_state(param, *, momentum, centered, convention=None):
 
 
 # ----------------------------------------------------------------------------- rsqrt
-def _two_prod(a, b):
-    """``a*b == p + e`` exactly (Dekker's product, Veltkamp split), float64, no overflow."""
-    p = a * b
-    split = 134217729.0  # 2**27 + 1
-    ta = split * a
-    ah = ta - (ta - a)
-    al = a - ah
-    tb = split * b
-    bh = tb - (tb - b)
-    bl = b - bh
-    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-    return p, e
-
-
 def _reduce(x64):
     """``x = f * 2**e`` with ``f`` in [0.5, 2) and ``e`` even (exact), so ``rsqrt(x) =
     rsqrt(f) * 2**(-e/2)`` and the work on ``f`` can neither overflow nor underflow."""
@@ -193,7 +180,7 @@ def _residual(m, f):
     """The sign of ``m*m*f - 1`` (exact) for float64 ``m`` of at most 26 bits, ``f`` near
     ``1/m**2``: ``m*m`` is exact, ``(m*m)*f == p + e`` exactly and ``p - 1`` is exact
     (Sterbenz), so the rounded sum ``(p - 1) + e`` has the sign of the exact value."""
-    p, e = _two_prod(m * m, f)
+    p, e = two_prod(m * m, f)
     return (p - 1.0) + e
 
 
@@ -220,8 +207,8 @@ def _rsqrt_positive(x):
     # float64: one Newton step on y0 = 1/sqrt(f) with the residual z = y0*y0*f - 1 computed
     # to about 2**-104 by error-free products, then y0*(1 - z/2 + 3z^2/8) rounded once.
     y0 = 1.0 / np.sqrt(f)
-    a, b = _two_prod(y0, y0)
-    c, d = _two_prod(a, f)
+    a, b = two_prod(y0, y0)
+    c, d = two_prod(a, f)
     z = ((c - 1.0) + d) + b * f
     y = y0 + y0 * (z * (0.375 * z - 0.5))
     return np.ldexp(y, -(e // 2))

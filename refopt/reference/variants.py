@@ -50,16 +50,7 @@ def fma(a, b, c):
             return np.asarray((a.astype(_F64) * b.astype(_F64) + c.astype(_F64)).astype(dtype))
         if dtype != _F64:
             return np.asarray(a * b + c)
-        p = a * b
-        # Dekker: a*b = p + e exactly (Veltkamp split into 26-bit halves)
-        split = 134217729.0  # 2**27 + 1
-        ta = split * a
-        ah = ta - (ta - a)
-        al = a - ah
-        tb = split * b
-        bh = tb - (tb - b)
-        bl = b - bh
-        e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+        p, e = two_prod(a, b)  # Dekker: a*b = p + e exactly
         # Knuth: p + c = s + f exactly
         s = p + c
         bb = s - p
@@ -68,6 +59,21 @@ def fma(a, b, c):
         plain = a * b + c
         ok = np.isfinite(out) & np.isfinite(p) & (np.abs(p) < 1e300)
         return np.asarray(np.where(ok, out, plain))
+
+
+def two_prod(a, b):
+    """``(p, e)`` with ``a*b == p + e`` exactly (Dekker's product, Veltkamp split into 26-bit
+    halves), float64 arrays or scalars, where nothing overflows."""
+    p = a * b
+    split = 134217729.0  # 2**27 + 1
+    ta = split * a
+    ah = ta - (ta - a)
+    al = a - ah
+    tb = split * b
+    bh = tb - (tb - b)
+    bl = b - bh
+    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    return p, e
 
 
 def is_tf_keras_adam(conv):

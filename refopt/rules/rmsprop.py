@@ -180,3 +180,30 @@ def rmsprop_call(dtype, conv, *, learning_rate, rho, momentum, epsilon, centered
             sc[S_C1M] = sc[S_C] - scalar(dtype, 1)
     fl = [form, centered, update_buffer, eps_in_sqrt, abs(float(sc[S_C])) < 0.5]
     return RuleCall(RULES[(bool(has_buffer), bool(centered))], scalars(dtype, sc), flags(fl))
+
+
+def pure_update(apply, param, grad, velocity, momentum_buf, average_gradient, *,
+                learning_rate, rho, momentum, epsilon, centered, convention, eps_in_sqrt):
+    """:func:`refopt.reference.rmsprop_update` computed by this rule with a backend's
+    ``apply(call, param, grad, slots) -> (param, slots)`` (the CPU and CUDA pure functions):
+    the reference's own argument checks, then one rule step; returns an ``RMSpropResult``."""
+    from refopt.reference import rmsprop as ref
+
+    param, grad, velocity, momentum_buf, average_gradient, form = ref.check_rmsprop_args(
+        param, grad, velocity, momentum_buf, average_gradient, learning_rate=learning_rate,
+        rho=rho, momentum=momentum, epsilon=epsilon, centered=centered, convention=convention,
+        eps_in_sqrt=eps_in_sqrt)
+    has_buffer = momentum_buf is not None
+    updates = has_buffer and (momentum > 0 or form in ("tf1", "optax"))
+    call = rmsprop_call(param.dtype, ref._convention(convention), learning_rate=learning_rate,
+                        rho=rho, momentum=momentum, epsilon=epsilon, centered=centered,
+                        has_buffer=has_buffer, update_buffer=updates,
+                        eps_in_sqrt=eps_in_sqrt is not False)
+    slots = [velocity] + ([momentum_buf] if has_buffer else []) + (
+        [average_gradient] if centered else [])
+    with np.errstate(all="ignore"):
+        p, out = apply(call, param, grad, slots)
+    v = out.pop(0)
+    b = out.pop(0) if has_buffer else None
+    a = out.pop(0) if centered else None
+    return ref.RMSpropResult(p, v, b, a)

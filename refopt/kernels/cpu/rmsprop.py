@@ -26,23 +26,9 @@ def rmsprop_update(param, grad, velocity, momentum_buf=None, average_gradient=No
             rho=rho, momentum=momentum, epsilon=epsilon, centered=centered,
             convention=convention, eps_in_sqrt=eps_in_sqrt)
     from refopt.kernels.cpu.drivers import apply
-    from refopt.rules.rmsprop import rmsprop_call
+    from refopt.rules.rmsprop import pure_update
 
-    param, grad, velocity, momentum_buf, average_gradient, form = _ref.check_rmsprop_args(
-        param, grad, velocity, momentum_buf, average_gradient, learning_rate=learning_rate,
-        rho=rho, momentum=momentum, epsilon=epsilon, centered=centered, convention=convention,
-        eps_in_sqrt=eps_in_sqrt)
-    conv = _ref._convention(convention)
-    has_buffer = momentum_buf is not None
-    updates = has_buffer and (momentum > 0 or form in ("tf1", "optax"))
-    call = rmsprop_call(param.dtype, conv, learning_rate=learning_rate, rho=rho,
-                        momentum=momentum, epsilon=epsilon, centered=centered,
-                        has_buffer=has_buffer, update_buffer=updates,
-                        eps_in_sqrt=eps_in_sqrt is not False)
-    slots = [velocity] + ([momentum_buf] if has_buffer else []) + (
-        [average_gradient] if centered else [])
-    p, out = apply(call, param, grad, slots)
-    v = out.pop(0)
-    b = out.pop(0) if has_buffer else None
-    a = out.pop(0) if centered else None
-    return _ref.RMSpropResult(p, v, b, a)
+    return pure_update(apply, param, grad, velocity, momentum_buf, average_gradient,
+                       learning_rate=learning_rate, rho=rho, momentum=momentum,
+                       epsilon=epsilon, centered=centered, convention=convention,
+                       eps_in_sqrt=eps_in_sqrt)
