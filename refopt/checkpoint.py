@@ -85,37 +85,10 @@ def _check_optimizer(optimizer):
 
 def _check_variables(variables, optimizer):
     """The variables as a list, and their arrays (numba views for ``backend="cuda"``)."""
-    on_device = optimizer.backend == "cuda"
-    if on_device:
-        from refopt.optimizers import _cuda
-
-        _cuda.check_var_list(variables, "variables")  # not one device array
-        _cuda_config_check()
-    if isinstance(variables, np.ndarray) or variables is None:
-        raise TypeError(
-            "`variables` must be a list of the optimizer's variables (ndarrays), in a fixed "
-            f"order. Received: {type(variables).__name__}"
-        )
-    variables = list(variables)
-    arrays = []
-    for i, v in enumerate(variables):
-        if on_device:
-            arrays.append(_cuda.view(v, f"`variables[{i}]`"))
-        elif not isinstance(v, np.ndarray):
-            raise TypeError(f"`variables[{i}]` must be an ndarray. Received: {type(v).__name__}")
-        else:
-            arrays.append(v)
+    variables, arrays = optimizer._executor.checkpoint_arrays(variables)
     if len({id(v) for v in variables}) != len(variables):
         raise ValueError("`variables` lists the same array twice.")
-    if on_device:
-        _cuda.check_no_overlap(arrays, "variables")
     return variables, arrays
-
-
-def _cuda_config_check():
-    from refopt.kernels.cuda import check_config
-
-    check_config()
 
 
 def _to_host(a):

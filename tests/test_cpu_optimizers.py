@@ -1,7 +1,7 @@
 """The optimizers with backend="cpu" against backend="reference", bit for bit, step by step.
 
 The CPU backend keeps the slots in flat buffers and updates the variables in place with fused
-kernels (refopt/optimizers/_fast.py); these tests compare every variable, slot, EMA average
+kernels (refopt/executors/cpu.py); these tests compare every variable, slot, EMA average
 and the counter after every step with the reference optimizer fed the same gradients
 (identical bit patterns), over random configurations: clipping of each kind, weight decay
 (with exclusions), EMA with overwrites, AMSGrad, Nesterov, schedules, LazyAdam with duplicate
@@ -286,7 +286,7 @@ def test_slots_are_views_of_one_flat_buffer_per_dtype():
     ws = [np.ones((2, 3), np.float32), np.ones(4, np.float64), np.ones((), np.float32)]
     opt = refopt.Adam(backend="cpu", amsgrad=True, use_ema=True)
     opt.apply_gradients([(np.full_like(w, 0.5), w) for w in ws])
-    flat = opt._flat.buffers
+    flat = opt._state.buffers
     for w in ws:
         for name in ("m", "v", "vhat", "average"):
             slot = opt.get_slot(w, name)

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not kc.simulator and not kc.cuda.is_available(),
                                 reason="needs numba's CUDA simulator or an NVIDIA GPU")
 
 from refopt.kernels.cuda import drivers  # noqa: E402
-from refopt.optimizers import _cuda  # noqa: E402
+from refopt.executors import cuda as _cuda  # noqa: E402
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 CONVENTIONS = ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax")
@@ -121,7 +121,7 @@ def test_every_convention_matches_the_reference_bit_for_bit(conv, name, cls, kw)
     for dtypes, extra in variants:
         dev = run_both(cls, dict(learning_rate=0.01, convention=conv, **kw, **extra),
                        dtypes=dtypes, sparse_at=sparse, skip_at=2)
-        assert dev._cuda.fallbacks == {}, dev._cuda.fallbacks  # all on the rule drivers
+        assert dev._state.fallbacks == {}, dev._state.fallbacks  # all on the rule drivers
 
 
 @pytest.mark.parametrize("conv", CONVENTIONS)
@@ -130,7 +130,7 @@ def test_float16_under_every_convention(conv):
                     (refopt.SGD, dict(momentum=0.9, nesterov=True))):
         dev = run_both(cls, dict(learning_rate=0.01, convention=conv, **kw),
                        dtypes=(F16, F16, F16), steps=2)
-        assert dev._cuda.fallbacks == {}
+        assert dev._state.fallbacks == {}
 
 
 @pytest.mark.parametrize("conv", ["tf_keras", "keras3", "torch"])
@@ -141,7 +141,7 @@ def test_weight_decay_forms_with_exclusions(conv):
                     (refopt.SGD, dict(momentum=0.5, weight_decay=0.1))):
         dev = run_both(cls, dict(learning_rate=0.05, convention=conv, **kw),
                        dtypes=(F32, F32, F64), exclude=True, steps=2)
-        assert dev._cuda.fallbacks == {}
+        assert dev._state.fallbacks == {}
 
 
 def test_optax_adamw_with_exclusions_splits_the_rule_calls():
@@ -150,7 +150,7 @@ def test_optax_adamw_with_exclusions_splits_the_rule_calls():
     dev = run_both(refopt.AdamW, dict(learning_rate=0.05, weight_decay=0.1, amsgrad=True,
                                       convention="optax"),
                    dtypes=(F32, F32, F32), exclude=True)
-    assert dev._cuda.fallbacks == {}
+    assert dev._state.fallbacks == {}
 
 
 @pytest.mark.parametrize("mu", [0.99, 0.2])
@@ -194,7 +194,7 @@ def test_torch_per_variable_steps_take_one_launch_per_step_value(monkeypatch):
     assert opt._var_steps == [2, 1] and launches == ["dense"] * 3  # steps 2 and 1: two
 
 
-@pytest.mark.filterwarnings("ignore::refopt.optimizers._cuda.HostStepWarning")
+@pytest.mark.filterwarnings("ignore::refopt.executors.cuda.HostStepWarning")
 @pytest.mark.parametrize("conv,cls,kw,host", [
     ("tf_keras", refopt.Adam, dict(amsgrad=True, weight_decay=0.1, use_ema=True), False),
     ("tf_keras", refopt.SGD, dict(momentum=0.9, nesterov=True, weight_decay=0.1), False),
@@ -210,7 +210,7 @@ def test_torch_per_variable_steps_take_one_launch_per_step_value(monkeypatch):
 def test_sparse_gradients_under_each_convention(conv, cls, kw, host):
     dev = run_both(cls, dict(learning_rate=0.05, convention=conv, clipnorm=0.8, **kw),
                    dtypes=(F32, F32, F64), sparse_at=1)
-    assert bool(dev._cuda.fallbacks) == host, dev._cuda.fallbacks
+    assert bool(dev._state.fallbacks) == host, dev._state.fallbacks
 
 
 @pytest.mark.parametrize("conv", ["torch", "optax"])
@@ -234,10 +234,10 @@ def test_keras2_several_clips_take_the_host_path_once_warned():
             dev = run_both(refopt.Adam, dict(learning_rate=0.05, convention=conv,
                                              clipvalue=0.3, clipnorm=0.5),
                            dtypes=(F32, F32, F32))
-        assert dev._cuda.fallbacks == {"Keras 2's several clips in sequence": 3}
+        assert dev._state.fallbacks == {"Keras 2's several clips in sequence": 3}
 
 
-@pytest.mark.filterwarnings("ignore::refopt.optimizers._cuda.HostStepWarning")
+@pytest.mark.filterwarnings("ignore::refopt.executors.cuda.HostStepWarning")
 def test_a_rule_less_subclass_takes_the_host_path():
     class Halved(refopt.SGD):
         def _update_step(self, param, grad, slots, learning_rate, step, **kw):
@@ -245,7 +245,7 @@ def test_a_rule_less_subclass_takes_the_host_path():
                                         learning_rate, step, **kw)
 
     dev = run_both(Halved, dict(learning_rate=0.1, momentum=0.9), dtypes=(F32, F64, F32))
-    assert set(dev._cuda.fallbacks) == {"Halved has no rule (update_rule)"}
+    assert set(dev._state.fallbacks) == {"Halved has no rule (update_rule)"}
 
 
 @pytest.mark.parametrize("conv", CONVENTIONS)
@@ -254,7 +254,7 @@ def test_rmsprop_runs_on_the_rule_drivers(conv):
     for kw in (dict(), dict(centered=True, momentum=0.9)):
         dev = run_both(refopt.RMSprop, dict(learning_rate=0.01, convention=conv, **kw),
                        dtypes=(F32, F64, F32), steps=2)
-        assert dev._cuda.fallbacks == {}
+        assert dev._state.fallbacks == {}
 
 
 def test_rmsprop_mirror_function_is_the_references():
@@ -316,7 +316,7 @@ GOLDEN = ["keras2/adam_sparse_f32", "keras2/clipvalue_clipnorm_f32", "keras3/ema
           "tf_keras/global_clipnorm_nonfinite_f32"]
 
 
-@pytest.mark.filterwarnings("ignore::refopt.optimizers._cuda.HostStepWarning")
+@pytest.mark.filterwarnings("ignore::refopt.executors.cuda.HostStepWarning")
 @pytest.mark.parametrize("case", GOLDEN)
 def test_recorded_framework_trajectories_replay_on_cuda(case):
     from refopt import conformance
@@ -339,8 +339,8 @@ def test_a_users_optimizer_with_a_rule_runs_on_the_drivers(conv):
     ema = dict(use_ema=True) if conv in HAS_EMA else {}
     dev = run_both(MyAdagrad, dict(learning_rate=0.1, convention=conv, clipnorm=1.0, **ema),
                    dtypes=(F32, F64, F32), sparse_at=1, skip_at=2)
-    assert dev._cuda.fallbacks == {}
+    assert dev._state.fallbacks == {}
     with pytest.warns(_cuda.HostStepWarning, match="NumpyOnly has no rule"):
         dev = run_both(NumpyOnly, dict(learning_rate=0.1, convention=conv),
                        dtypes=(F32, F64, F32), steps=2)
-    assert sum(dev._cuda.fallbacks.values()) == 2
+    assert sum(dev._state.fallbacks.values()) == 2

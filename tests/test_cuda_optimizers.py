@@ -769,7 +769,7 @@ def test_slots_are_views_of_one_flat_buffer_per_dtype():
           kc.to_device(np.ones(4, np.float32))]
     opt = refopt.Adam(0.1, backend="cuda", use_ema=True)
     opt.build(ws)
-    state = opt._cuda
+    state = opt._state
     assert set(state.buffers) == {np.dtype(np.float32), np.dtype(np.float64)}
     assert state.buffers[np.dtype(np.float32)]["m"].size == 7
     assert state.offsets == [0, 0, 3]

@@ -12,7 +12,7 @@ import pytest
 import refopt
 from refopt import IndexedSlices
 from refopt.conventions import PRESETS
-from refopt.optimizers import base as _base
+from refopt.executors import staged as _staged
 
 SHAPES = [(13,), (4, 3), (2, 3, 2)]
 
@@ -70,11 +70,11 @@ def _run(cls, kwargs, conv, backend, dtype, steps=3):
 
 @pytest.fixture
 def no_staged_path(monkeypatch):
-    """Make the staged (NumPy) path of the base class fail: only the fused kernels may run."""
-    def refuse(self, present, lr_value):
+    """Make the staged (NumPy) step fail: only the fused kernels may run."""
+    def refuse(opt, present, lr_value):
         raise AssertionError("the staged path ran instead of the fused CPU kernels")
 
-    monkeypatch.setattr(_base.Optimizer, "_compute_step", refuse)
+    monkeypatch.setattr(_staged, "compute", refuse)
 
 
 @pytest.mark.parametrize("cls, kwargs, conv, dtype", list(_params()))
@@ -105,7 +105,7 @@ def test_lazy_rows_every_convention(conv, no_staged_path, monkeypatch):
         if backend == "reference":
             monkeypatch.undo()
         else:
-            monkeypatch.setattr(_base.Optimizer, "_compute_step",
+            monkeypatch.setattr(_staged, "compute",
                                 lambda *a: (_ for _ in ()).throw(AssertionError("staged")))
         opt = refopt.LazyAdam(learning_rate=0.01, convention=conv, backend=backend)
         t, d = table.copy(), dense.copy()

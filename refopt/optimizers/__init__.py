@@ -1,4 +1,4 @@
-"""The stateful optimizer API: ``base.py`` owns the pipeline order; each optimizer writes its update."""
+"""The optimizer API (the top layer): the base class and each optimizer's class; the step order is :mod:`refopt.pipeline`'s."""
 
 from refopt.optimizers.adam import Adam, AdamW, LazyAdam
 from refopt.optimizers.base import Optimizer

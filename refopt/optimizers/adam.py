@@ -167,17 +167,6 @@ class Adam(Optimizer):
             new_slots["vhat"] = r.vhat
         return r.param, new_slots
 
-    def _fast_update(self, learning_rate, step):
-        from refopt.reference import adam_scalars
-
-        def scalars_for(dtype):
-            s = adam_scalars(dtype, learning_rate=learning_rate, beta_1=self.beta_1,
-                             beta_2=self.beta_2, epsilon=self.epsilon, step=step)
-            return dict(alpha=s.alpha, c1=s.one_minus_beta_1, c2=s.one_minus_beta_2,
-                        eps=s.epsilon)
-
-        return "adam", self.amsgrad, scalars_for
-
     def _sparse_update_kind(self):
         from refopt.reference.variants import is_tf_keras_adam
 
@@ -200,10 +189,6 @@ class Adam(Optimizer):
                          beta_2=self.beta_2, epsilon=self.epsilon, step=step,
                          amsgrad=self.amsgrad, optax_weight_decay=optax_weight_decay,
                          lazy_rows=lazy_rows)
-
-    def _cuda_update(self):
-        return "adam", self.amsgrad, dict(beta_1=self.beta_1, beta_2=self.beta_2,
-                                          epsilon=self.epsilon)
 
     def get_config(self):
         config = super().get_config()

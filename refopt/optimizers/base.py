@@ -1,26 +1,11 @@
-"""The stateful optimizer base class: owns the tf-keras 2.11+ pipeline and its order.
+"""The optimizer API's base class: hyperparameters, slots, building, config, the extension point.
 
-One ``apply_gradients`` call does, in this order (``tf_keras/optimizers/optimizer.py``,
-``Optimizer.apply_gradients``):
-
-1. evaluate the learning-rate schedule at the pre-increment ``iterations``;
-2. build the slots on the first call (EMA averages start as a *copy* of each variable);
-3. drop ``None`` gradients with a warning;
-4. clip (``clipnorm`` per tensor, else ``global_clipnorm``, else ``clipvalue``);
-5. sum duplicate indices of ``IndexedSlices`` gradients (after clipping, as tf-keras);
-6. decoupled weight decay ``w -= w * wd * lr``;
-7. the optimizer's own update (Adam, SGD, ...), with Adam's ``t = iterations + 1``;
-8. the EMA of the weights of this call, and the overwrite of the weights with their averages
-   when ``(iterations + 1) % ema_overwrite_frequency == 0``;
-9. ``iterations += 1``.
-
-Everything is computed into new arrays first (the reference functions are pure) and written
-into the variables and slots only at the end, so a call that raises changes nothing. With
-``backend="cpu"`` the common steps take the fast path of :mod:`refopt.optimizers._fast`:
-everything is validated and prepared first, then fused kernels update the variables and the
-flat slot buffers in place (one call per dtype for all dense variables), with bit-identical
-results; the other steps (float16, non-lazy sparse gradients, overlapping variables) take the
-staged path above with the CPU kernels' pure functions.
+This is the top layer (``api``). The order of a step is :mod:`refopt.pipeline`'s
+(:func:`refopt.pipeline.apply_gradients`); where the state lives and how a step is computed
+is the executor's (:mod:`refopt.executors`: reference, cpu, cuda), which this class holds as
+``self._executor`` without asking which one it is. Each optimizer (a subclass) names its slots
+and writes its update: :meth:`Optimizer.update_step` in NumPy, and optionally a rule
+(:meth:`Optimizer.update_rule`) that the fused executors run.
 """
 
 from __future__ import annotations
@@ -34,18 +19,17 @@ import numpy as np
 from refopt import schedules as _schedules
 from refopt.conventions import PRESETS, Convention, get_convention
 from refopt.indexed_slices import IndexedSlices
-from refopt.optimizers import _fast
-from refopt.optimizers._checks import _INT64_MAX, unpack_pairs  # noqa: F401 (re-exported)
+from refopt import pipeline as _pipeline
+from refopt.executors import BACKENDS, get_executor
+from refopt.executors.checks import _INT64_MAX
+from refopt.executors.checks import describe as _describe
 from refopt.reference import variants as _variants
 
 __all__ = ["Optimizer", "BACKENDS", "CONVENTIONS"]
 
-#: The backends.
-BACKENDS = ("reference", "cpu", "cuda")
 #: The convention presets (see :mod:`refopt.conventions`).
 CONVENTIONS = tuple(PRESETS)
 
-_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 # Keyword arguments the legacy Keras optimizer took and tf-keras 2.11+ refuses with ValueError.
 _LEGACY_KWARGS = ("decay", "gradient_aggregator", "gradient_transformers")
 
@@ -74,22 +58,21 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
     name : str
         The optimizer's name.
     backend : {"reference", "cpu", "cuda"}, default "reference"
-        Which implementation computes the steps: ``"reference"`` (pure NumPy) or ``"cpu"``
-        (Numba kernels, bit-identical to the reference in float32/float64: slots kept in one
-        flat buffer per dtype, every dense variable of a dtype updated in place by one fused
-        kernel call; float16 is computed by the reference). ``"cuda"``
-        (numba-cuda kernels; variables are device arrays, see
-        :mod:`refopt.optimizers._cuda`; needs an NVIDIA GPU or the CUDA simulator, else
-        ``RuntimeError``).
+        Which executor computes the steps (:mod:`refopt.executors`): ``"reference"`` (pure
+        NumPy), ``"cpu"`` (Numba kernels built from the optimizer's rule, bit-identical to
+        the reference: slots kept in one flat buffer per dtype, every dense variable of a
+        dtype updated in place by one fused kernel call; float16 is computed by the
+        reference's staged step) or ``"cuda"`` (numba-cuda kernels from the same rules;
+        variables are device arrays, see :mod:`refopt.executors.cuda`; needs an NVIDIA GPU
+        or the CUDA simulator, else ``RuntimeError``). Every backend gives the reference's
+        numbers under every convention.
     convention : str, dict or refopt.conventions.Convention, default "tf_keras"
         Which framework's numerics to reproduce: ``"tf_keras"`` (tf.keras 2.11+),
         ``"keras3"``, ``"keras2"`` (legacy ``OptimizerV2``, TF-Addons ``LazyAdam``),
         ``"tf1"`` (``tf.compat.v1.train``), ``"torch"``, ``"optax"``, or a
         :class:`~refopt.conventions.Convention` with knobs overridden
         (:func:`refopt.conventions.get_convention`); a dict is a Convention's knobs, as
-        :meth:`get_config` writes them. Conventions other than tf-keras' are computed by the
-        reference's NumPy code on every backend (``backend="cpu"`` falls back to it;
-        ``backend="cuda"`` refuses them)."""
+        :meth:`get_config` writes them."""
 
 
 def _is_real(x):
@@ -131,30 +114,6 @@ def check_bool(name, value):
     return bool(value)
 
 
-def _get_backend(backend):
-    if backend == "reference":
-        from refopt import reference
-
-        return reference
-    if backend == "cpu":
-        from refopt.kernels import cpu
-
-        return cpu
-    if backend == "cuda":
-        try:
-            from refopt.kernels import cuda
-        except ImportError as exc:
-            raise RuntimeError(
-                "backend='cuda' needs the numba-cuda package (pip install 'refopt[cuda]') and "
-                f"an NVIDIA GPU. Use backend='cpu' or 'reference'. ({exc})"
-            ) from None
-        cuda.require_device()
-        return cuda
-    raise ValueError(
-        f"`backend` must be one of {BACKENDS}. Received: backend={backend!r}"
-    )
-
-
 def _check_convention(convention):
     if isinstance(convention, dict):
         try:
@@ -165,17 +124,6 @@ def _check_convention(convention):
                 f"convention={convention!r}"
             ) from None
     return get_convention(convention)
-
-
-def _tf_keras_numerics(conv):
-    """Whether ``conv`` has every knob of the tf_keras preset (the fast kernels' numerics)."""
-    return not conv.differences(PRESETS["tf_keras"])
-
-
-def _describe(a):
-    if isinstance(a, np.ndarray):
-        return f"ndarray(shape={a.shape}, dtype={a.dtype})"
-    return type(a).__name__
 
 
 class Optimizer:
@@ -244,7 +192,8 @@ class Optimizer:
             raise TypeError(f"`name` must be a str. Received: name={name!r}")
         self.name = name
         conv = _check_convention(convention)
-        self._kernels = _get_backend(backend)
+        self._executor = get_executor(backend)
+        self._kernels = self._executor.kernels  # the staged step's pure functions
         self.backend = backend
         self.convention = conv
         self.weight_decay = check_real("weight_decay", weight_decay, low=0, allow_none=True)
@@ -323,8 +272,7 @@ class Optimizer:
         self._slots = {}
         self._averages = []
         self._var_steps = []  # convention step_counter="per_variable": steps per variable
-        self._flat = None  # backend="cpu": the flat state (refopt.optimizers._fast.FlatState)
-        self._cuda = None  # backend="cuda": device state (refopt.optimizers._cuda.CudaState)
+        self._state = None  # the executor's state (slots and averages live in it)
 
     # ----------------------------------------------------------------- properties
     @property
@@ -591,15 +539,6 @@ class Optimizer:
         """
         return None
 
-    def _fast_update(self, learning_rate, step):
-        """For ``backend="cpu"``: ``(kind, flag, scalars_for_dtype)`` of the fused kernel.
-
-        ``kind`` is ``"adam"`` or ``"sgd"``, ``flag`` AMSGrad or Nesterov, and
-        ``scalars_for_dtype(dtype)`` a dict of the update's scalars rounded to ``dtype``
-        (see ``refopt.kernels.cpu._common.scalars``).
-        """
-        raise NotImplementedError
-
     #: Lazy optimizers update only the rows present in an IndexedSlices gradient.
     _lazy_sparse = False
 
@@ -608,53 +547,8 @@ class Optimizer:
         return self.convention.adam_weight_decay
 
     # ----------------------------------------------------------------- building
-    def _check_variable(self, var, where):
-        if self.backend == "cuda":
-            from refopt.optimizers import _cuda
-
-            _cuda.view(var, where)
-            return
-        if not isinstance(var, np.ndarray):
-            raise TypeError(
-                f"Variables must be numpy.ndarray. Received: {where} of type {type(var).__name__}"
-            )
-        if var.dtype not in _FLOAT_DTYPES:
-            raise TypeError(
-                f"Variables must have dtype float16, float32 or float64. Received: {where} "
-                f"with dtype={var.dtype}"
-            )
-        if not var.flags.c_contiguous:
-            raise ValueError(
-                f"Variables must be C-contiguous (they are updated in place). Received: {where} "
-                f"with shape={var.shape}, strides={var.strides}; pass np.ascontiguousarray(...) "
-                "and keep that array as the variable."
-            )
-        if not var.flags.writeable:
-            raise ValueError(
-                f"Variables must be writeable (they are updated in place). Received: {where} is "
-                "read-only."
-            )
-
     def _check_var_list(self, var_list, what="var_list"):
-        if self.backend == "cuda":
-            from refopt.optimizers import _cuda
-
-            var_list = _cuda.check_var_list(var_list, what)
-        if isinstance(var_list, np.ndarray):
-            raise TypeError(
-                f"`{what}` must be a list of arrays, not a single array. Received: "
-                f"{_describe(var_list)}"
-            )
-        var_list = list(var_list)
-        seen = set()
-        for i, var in enumerate(var_list):
-            self._check_variable(var, f"{what}[{i}]")
-            if id(var) in seen:
-                raise ValueError(
-                    f"`{what}` lists the same variable twice (position {i}, {_describe(var)})."
-                )
-            seen.add(id(var))
-        return var_list
+        return self._executor.check_var_list(var_list, what)
 
     def build(self, var_list):
         """Create the state for ``var_list``: zero slots and, with EMA, copies of the variables.
@@ -683,36 +577,14 @@ class Optimizer:
         self._built = True
 
     def _build_state(self, var_list):
+        state = self._executor.allocate(self, var_list)
         self._vars = var_list
         self._index = {id(v): i for i, v in enumerate(var_list)}
-        self._var_specs = [(v.shape, v.dtype) for v in var_list]
+        self._var_specs = state.specs
         self._var_steps = [self._iterations] * len(var_list)
-        if self.backend == "cuda":
-            from refopt.optimizers._cuda import CudaState
-
-            self._cuda = CudaState(var_list, self._slot_names(), self.use_ema,
-                                   self._slot_initial_value,
-                                   average_zero=self.convention.ema == "keras3")
-            self._slots = self._cuda.slots
-            self._averages = self._cuda.averages
-        elif self.backend == "cpu":
-            from refopt.optimizers._fast import FlatState
-
-            self._flat = FlatState(var_list, self._slot_names(), self.use_ema,
-                                   self._slot_initial_value,
-                                   average_zero=self.convention.ema == "keras3")
-            self._slots = self._flat.slots
-            self._averages = self._flat.averages
-        else:
-            if self.use_ema:
-                self._averages = [
-                    np.zeros_like(v) if self.convention.ema == "keras3" else v.copy()
-                    for v in var_list
-                ]
-            self._slots = {
-                name: [np.full_like(v, self._slot_initial_value(name, v.dtype))
-                       for v in var_list] for name in self._slot_names()
-            }
+        self._state = state
+        self._slots = state.slots
+        self._averages = state.averages
 
     def _position(self, var):
         i = self._index.get(id(var))
@@ -746,91 +618,6 @@ class Optimizer:
         self._exclude_refs = var_list  # keeps the ids alive
 
     # ----------------------------------------------------------------- the step
-    def _check_pairs(self, grads_and_vars):
-        pairs = unpack_pairs(grads_and_vars)
-        seen = set()
-        for i, (grad, var) in enumerate(pairs):
-            self._check_variable(var, f"variable at position {i}")
-            if id(var) in seen:
-                raise ValueError(
-                    f"The same variable appears twice in `grads_and_vars` (position {i}, "
-                    f"{_describe(var)})."
-                )
-            seen.add(id(var))
-            if grad is None:
-                continue
-            if isinstance(grad, IndexedSlices):
-                if grad.dense_shape != var.shape:
-                    raise ValueError(
-                        f"Gradient at position {i} (IndexedSlices) has dense_shape="
-                        f"{grad.dense_shape}, but its variable has shape={var.shape}."
-                    )
-                if grad.dtype != var.dtype:
-                    raise TypeError(
-                        f"Gradient at position {i} (IndexedSlices) has dtype={grad.dtype}, but "
-                        f"its variable has dtype={var.dtype}; cast the gradient values."
-                    )
-            elif isinstance(grad, np.ndarray):
-                if grad.shape != var.shape:
-                    raise ValueError(
-                        f"Gradient at position {i} has shape={grad.shape}, but its variable has "
-                        f"shape={var.shape}."
-                    )
-                if grad.dtype != var.dtype:
-                    raise TypeError(
-                        f"Gradient at position {i} has dtype={grad.dtype}, but its variable has "
-                        f"dtype={var.dtype}; cast the gradient."
-                    )
-            else:
-                raise TypeError(
-                    f"Gradient at position {i} must be a numpy.ndarray, an IndexedSlices or "
-                    f"None. Received: {type(grad).__name__}"
-                )
-        return pairs
-
-    def _clip(self, grads):
-        k = self._kernels
-        conv = self.convention
-        if conv.clip_formula == "tf":
-            by_norm = k.clip_by_norm
-            by_global = lambda gs, c: k.clip_by_global_norm(gs, c)[0]  # noqa: E731
-        else:
-            by_norm = lambda g, c: _variants.clip_norm_variant(g, c, conv)  # noqa: E731
-            by_global = lambda gs, c: _variants.clip_global_norm_variant(gs, c, conv)  # noqa
-        if conv.clip_selection == "legacy":  # Keras 2: clipvalue, then clipnorm, then global
-            grads = list(grads)
-            if self.clipvalue is not None:
-                grads = [k.clip_by_value(g, self.clipvalue) for g in grads]
-            if self.clipnorm is not None:
-                grads = [by_norm(g, self.clipnorm) for g in grads]
-            if self.global_clipnorm is not None:
-                grads = by_global(grads, self.global_clipnorm)
-            return grads
-
-        def on(c):  # tf's formula: <= 0 means no clipping; torch/optax apply any value
-            return c is not None and (c > 0 if conv.clip_formula == "tf" else True)
-
-        if on(self.clipnorm):
-            return [by_norm(g, self.clipnorm) for g in grads]
-        if on(self.global_clipnorm):
-            return by_global(grads, self.global_clipnorm)
-        if self.clipvalue and self.clipvalue > 0:
-            return [k.clip_by_value(g, self.clipvalue) for g in grads]
-        return list(grads)
-
-    def _decay(self, param, lr_value):
-        """Weight decay before the update, as the convention couples it (a new array)."""
-        mode = self._decay_mode()
-        if mode == "decoupled":
-            return self._kernels.apply_weight_decay(
-                param, learning_rate=lr_value, weight_decay=self.weight_decay
-            )
-        if mode == "torch":
-            return _variants.decay_torch(
-                param, learning_rate=lr_value, weight_decay=self.weight_decay
-            )
-        return param  # "l2" and "optax" act inside the update
-
     def apply_gradients(self, grads_and_vars):
         """Apply one step of gradients to their variables, in place.
 
@@ -862,191 +649,13 @@ class Optimizer:
         Notes
         -----
         When it raises, no variable, slot, average, learning rate or counter has changed.
-        See the module docstring of :mod:`refopt.optimizers.base` for the order of a step.
+        The order of a step is :mod:`refopt.pipeline`'s.
         """
-        lr_value = (
-            self._evaluate_schedule(self._learning_rate)
-            if isinstance(self._learning_rate, _schedules.LearningRateSchedule)
-            else self._learning_rate
-        )
-        if self.backend == "cuda":
-            from refopt.optimizers import _cuda
-
-            return _cuda.apply_gradients(self, grads_and_vars, lr_value)
-        if self._flat is not None:  # backend="cpu", built: try the cheap checks and fused kernels
-            if not isinstance(grads_and_vars, list):
-                grads_and_vars = list(grads_and_vars)
-            quick = _fast.quick_pairs(self, grads_and_vars)
-            if quick is not None and self._iterations < _INT64_MAX:
-                with np.errstate(all="ignore"):
-                    done = _fast.try_fast_step(self, *quick, lr_value)
-                if done:
-                    if self.convention.step_counter == "per_variable":
-                        for i in quick[0]:
-                            self._var_steps[i] += 1
-                    self._iterations += 1
-                    if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
-                        self._current_learning_rate = lr_value
-                    return self._iterations
-        pairs = self._check_pairs(grads_and_vars)
-        if pairs and self._iterations >= _INT64_MAX:
-            raise OverflowError(
-                f"`iterations` is {self._iterations}; one more step would overflow tf-keras' "
-                "int64 counter."
-            )
-        if not pairs:
-            if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
-                self._current_learning_rate = lr_value  # tf-keras evaluates it before the check
-            return self._iterations
-        if self._built:
-            for k, (_, var) in enumerate(pairs):
-                shape, dtype = self._var_specs[self._position(var)]
-                if var.shape != shape or var.dtype != dtype:
-                    raise ValueError(
-                        f"The variable at position {k} now has shape={var.shape}, "
-                        f"dtype={var.dtype}, but the optimizer was built with shape={shape}, "
-                        f"dtype={dtype} for it; a variable cannot change shape or dtype after "
-                        "build."
-                    )
-        present = [(g, v) for g, v in pairs if g is not None]
-        if not present:
-            raise ValueError(
-                "No gradients provided for any variable (every gradient is None). Received "
-                f"{len(pairs)} (gradient, variable) pairs."
-            )
-        if len(present) < len(pairs):
-            missing = [i for i, (g, _) in enumerate(pairs) if g is None]
-            warnings.warn(
-                f"Gradients do not exist for the variables at positions {missing}; they are "
-                "skipped in this step.",
-                UserWarning,
-                stacklevel=2,
-            )
-        building = not self._built
-        if building:
-            self.build([v for _, v in pairs])
-        try:
-            with np.errstate(all="ignore"):  # NaN and inf propagate silently, as in TensorFlow
-                if self._flat is not None and _fast.try_fast_step(
-                    self, [self._index[id(v)] for _, v in present], [g for g, _ in present],
-                    lr_value,
-                ):
-                    new_values = {}  # validated, then written in place by the kernels
-                else:
-                    new_values = self._compute_step(present, lr_value)
-        except BaseException:
-            if building:  # the call changes nothing, not even the build
-                self._reset_state()
-            raise
-        # Commit: nothing above has modified any array; nothing below can fail.
-        for var, (param, slots, average, rows) in new_values.items():
-            i = self._index[var]
-            if average is not None:
-                np.copyto(self._averages[i], average)
-            if rows is None:
-                np.copyto(self._vars[i], param)
-                for name, arr in slots.items():
-                    np.copyto(self._slots[name][i], arr)
-            else:  # lazy: only the rows of the sparse gradient were computed
-                self._vars[i][rows] = param
-                for name, arr in slots.items():
-                    self._slots[name][i][rows] = arr
-        if self.convention.step_counter == "per_variable":
-            for _, var in present:
-                self._var_steps[self._index[id(var)]] += 1
-        self._iterations += 1
-        if isinstance(self._learning_rate, _schedules.LearningRateSchedule):
-            self._current_learning_rate = lr_value
-        return self._iterations
-
-    def _compute_step(self, present, lr_value):
-        grads = [g for g, _ in present]
-        variables = [v for _, v in present]
-        conv = self.convention
-        grads = self._clip(grads)
-        if not conv.keras3_sparse_square:  # the bug needs the raw duplicates
-            grads = [g.deduplicate() if isinstance(g, IndexedSlices) else g for g in grads]
-        out = {}
-        for grad, var in zip(grads, variables):
-            i = self._index[id(var)]
-            step = (self._var_steps[i] if conv.step_counter == "per_variable"
-                    else self._iterations) + 1
-            decay = self.weight_decay is not None and id(var) not in self._exclude_ids
-            if self._is_lazy() and isinstance(grad, IndexedSlices):
-                # Lazy rows: gather the present (unique) rows of the variable and its slots,
-                # run the dense update on them, scatter back at commit. Cost ~ rows touched.
-                rows = grad.indices
-                param = var[rows]
-                grad = grad.values
-                slots = {name: self._slots[name][i][rows] for name in self._slot_names()}
-            else:
-                rows = None
-                param = var
-                slots = {name: self._slots[name][i] for name in self._slot_names()}
-            extra = {}
-            if decay:
-                param = self._decay(param, lr_value)
-                if self._decay_mode() in ("l2", "optax"):  # inside the update
-                    if isinstance(grad, IndexedSlices):
-                        raise TypeError(
-                            f"convention={conv.name!r}: this weight decay needs dense "
-                            "gradients (the framework refuses sparse ones). Received an "
-                            f"IndexedSlices for the variable at position {i}."
-                        )
-                    extra["weight_decay"] = self.weight_decay
-            if rows is not None:
-                extra["lazy_rows"] = True
-            new_param, new_slots = self._update_step(param, grad, slots, lr_value, step,
-                                                     **extra)
-            average = None
-            if self.use_ema:
-                # The EMA averages every row, so with EMA a lazy step commits whole arrays.
-                if rows is not None:
-                    new_param, new_slots = self._expand_rows(i, rows, new_param, new_slots)
-                    rows = None
-                average = self._average(i, new_param)
-                if (self.ema_overwrite_frequency
-                        and (self._iterations + 1) % self.ema_overwrite_frequency == 0):
-                    new_param = average
-            out[id(var)] = (new_param, new_slots, average, rows)
-        if self.use_ema and conv.ema in ("keras3", "torch"):
-            # Keras 3 and AveragedModel average every built variable, not only this call's
-            for i, var in enumerate(self._vars):
-                if id(var) in out:
-                    continue
-                average = self._average(i, var)
-                param = var
-                if (self.ema_overwrite_frequency
-                        and (self._iterations + 1) % self.ema_overwrite_frequency == 0):
-                    param = average
-                out[id(var)] = (param, {}, average, None)
-        return out
-
-    def _average(self, i, new_param):
-        conv = self.convention
-        if conv.ema == "copy":
-            return self._kernels.ema_update(
-                self._averages[i], new_param, ema_momentum=self.ema_momentum
-            )
-        with np.errstate(all="ignore"):
-            return np.asarray(_variants.ema_variant(
-                self._averages[i], new_param, ema_momentum=self.ema_momentum,
-                first_step=self._iterations == 0, convention=conv,
-            ))
+        return _pipeline.apply_gradients(self, grads_and_vars)
 
     def _is_lazy(self):
         """Whether an IndexedSlices gradient updates only its rows (LazyAdam; TF1 momentum)."""
         return self._lazy_sparse
-
-    def _expand_rows(self, i, rows, param_rows, slot_rows):
-        """Whole new arrays from row-wise results (copies; nothing is modified)."""
-        param = self._vars[i].copy()
-        param[rows] = param_rows
-        slots = {}
-        for name, arr in slot_rows.items():
-            slots[name] = self._slots[name][i].copy()
-            slots[name][rows] = arr
-        return param, slots
 
     def minimize(self, loss_and_grads_fn, var_list):
         """Compute ``(loss, grads) = loss_and_grads_fn()`` and apply the gradients.
@@ -1110,14 +719,7 @@ class Optimizer:
         """
         if not self.use_ema:
             return
-        positions = [self._position(v) for v in var_list]
-        if self.backend == "cuda":
-            from refopt.optimizers import _cuda
-
-            _cuda.finalize(self, positions)
-            return
-        for i in positions:
-            np.copyto(self._vars[i], self._averages[i])
+        self._executor.finalize(self, [self._position(v) for v in var_list])
 
     # ----------------------------------------------------------------- config
     def get_config(self):

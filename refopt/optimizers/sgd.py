@@ -112,11 +112,6 @@ class SGD(Optimizer):
         )
         return r.param, {"m": r.m}
 
-    def _fast_update(self, learning_rate, step):
-        from refopt.reference._common import tf_cast
-
-        return "sgd", self.nesterov, lambda dtype: dict(alpha=tf_cast(dtype, self.momentum))
-
     def _sparse_update_kind(self):
         return "sgd_table" if self.convention.sgd_momentum == "keras" else "densify"
 
@@ -127,9 +122,6 @@ class SGD(Optimizer):
 
         return sgd_call(dtype, self.convention, learning_rate=learning_rate,
                         momentum=self.momentum, nesterov=self.nesterov)
-
-    def _cuda_update(self):
-        return "sgd", self.nesterov, dict(momentum=self.momentum)
 
     def get_config(self):
         config = super().get_config()

@@ -11,7 +11,7 @@ import it only for ``backend="cuda"``). Three layers:
   ``config.TENSORS_PER_LAUNCH``), ``adam_dense``/``sgd_dense`` (one tensor),
   ``lazy_adam_rows``, ``adam_sparse``/``sgd_sparse`` (tf-keras' non-lazy sparse updates of
   a whole table), ``clip_dense``, ``decay_dense``, ``ema_dense``, ``sumsq``, ``copy``.
-  The optimizers' ``backend="cuda"`` path (:mod:`refopt.optimizers._cuda`) calls these.
+  The optimizers' ``backend="cuda"`` path (:mod:`refopt.executors.cuda`) calls these.
 - The mirror of :mod:`refopt.reference`, file for file (``adam.py``, ``clipping.py``, ...):
   ``adam_update``, ``lazy_adam_update``, ``sgd_update``, ``apply_weight_decay``,
   ``clip_by_value``, ``clip_by_norm``, ``global_norm``, ``clip_by_global_norm``,

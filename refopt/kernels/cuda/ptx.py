@@ -320,7 +320,7 @@ def rule_variants(dtype=np.float32, rmsprop=False):
     """
     import refopt
     from refopt.conventions import PRESETS
-    from refopt.optimizers import _plan
+    from refopt.executors import plan as _plan
 
     dtype = np.dtype(dtype)
     out = {}

@@ -1,4 +1,4 @@
-"""The in-place fast path of ``backend="cpu"``: flat state, one fused kernel call per dtype.
+"""The executor of ``backend="cpu"``: flat state, one fused rule-built kernel call per dtype.
 
 Design (many small tensors)
 ---------------------------
@@ -12,7 +12,8 @@ the arithmetic. So:
 - **Address tables.** The variables and gradients stay the caller's arrays. One step builds,
   per dtype, an int64 table of their data addresses (variables' addresses are taken once at
   build time), their element counts and their offsets in the flat buffers, and calls the
-  fused kernel *once* (``_kernels.adam_multi`` / ``sgd_multi``), which turns each address
+  fused kernel *once* (the ``dense`` kernel :mod:`refopt.kernels.cpu.drivers` builds from the
+  optimizer's rule), which turns each address
   into a typed array (a small Numba ``@intrinsic``) and runs clip, weight decay, the update
   and the EMA in one pass over memory, in parallel over fixed 64 Ki-element chunks of all
   tensors together.
@@ -21,18 +22,23 @@ the arithmetic. So:
   then update the variables and slots in place and cannot fail. A raising
   ``apply_gradients`` therefore changes nothing, as with the reference backend.
 
-Sparse gradients of ``LazyAdam`` go to ``_kernels.lazy_adam_rows`` (one call per sparse
+Sparse gradients of lazy optimizers go to the rule's ``rows`` kernel (one call per sparse
 variable; cost proportional to the rows touched, no copy of the table). Everything else
 (float16 variables, non-lazy sparse gradients of ``Adam``/``SGD``, variables that overlap in
-memory) takes the staged path of the base class with the CPU kernels' pure functions: the
-same numbers, computed into new arrays and committed at the end.
+memory) takes the staged step (:mod:`refopt.executors.staged`) with the CPU kernels' pure
+functions: the same numbers, computed into new arrays and committed at the end.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from refopt.executors import staged
+from refopt.executors.checks import _INT64_MAX
+from refopt.executors.reference import ReferenceExecutor
 from refopt.indexed_slices import IndexedSlices
+
+__all__ = ["CpuExecutor", "FlatState", "quick_pairs", "try_fast_step"]
 
 _FALLBACK = (np.dtype(np.float16),)
 
@@ -74,6 +80,7 @@ class FlatState:
         self.count = np.array([v.size for v in var_list], np.int64)
         self.paddr = np.array([v.ctypes.data for v in var_list], np.int64)
         self.dtype_of = [v.dtype for v in var_list]
+        self.specs = [(v.shape, v.dtype) for v in var_list]
         dtypes = set(self.dtype_of)
         self.single_dtype = dtypes.pop() if len(dtypes) == 1 else None
         totals = {}
@@ -244,9 +251,9 @@ def try_fast_step(opt, positions, grads, lr_value):
     from refopt.kernels.cpu import drivers
     from refopt.kernels.cpu._common import launch, rows2d, stable_order
     from refopt.kernels.cpu.clipping import global_norm, sums_of_squares
-    from refopt.optimizers import _plan
+    from refopt.executors import plan as _plan
 
-    state = opt._flat
+    state = opt._state
     if state is None or state.overlap:
         return False
     # The kernels write through the addresses taken at build time: a variable whose buffer
@@ -398,3 +405,35 @@ def try_fast_step(opt, positions, grads, lr_value):
             args = args[:-1]  # the last entry only kept the gradient copies alive
         launch(kernel, args, elements)
     return True
+
+
+class CpuExecutor(ReferenceExecutor):
+    """Numba: the host checks of the reference, a flat state, the fused rule-built kernels
+    (:func:`try_fast_step`), and the staged step with :mod:`refopt.kernels.cpu`'s pure
+    functions for what they do not take."""
+
+    name = "cpu"
+
+    def __init__(self):
+        from refopt.kernels import cpu
+
+        self.kernels = cpu
+
+    def allocate(self, opt, var_list):
+        return FlatState(var_list, opt._slot_names(), opt.use_ema, opt._slot_initial_value,
+                         average_zero=opt.convention.ema == "keras3")
+
+    def quick_step(self, opt, grads_and_vars, lr_value):
+        quick = quick_pairs(opt, grads_and_vars)
+        if quick is None or opt._iterations >= _INT64_MAX:
+            return None
+        with np.errstate(all="ignore"):
+            return quick[0] if try_fast_step(opt, *quick, lr_value) else None
+
+    def run_step(self, opt, positions, grads, lr_value):
+        with np.errstate(all="ignore"):  # NaN and inf propagate silently, as in TensorFlow
+            if try_fast_step(opt, positions, grads, lr_value):
+                return
+            new_values = staged.compute(
+                opt, [(g, opt._vars[i]) for g, i in zip(grads, positions)], lr_value)
+        staged.commit(opt, new_values)

@@ -1,4 +1,4 @@
-"""The step of ``backend="cuda"``: validation first, then one fused launch per dtype group.
+"""The executor of ``backend="cuda"``: validation first, then one fused launch per dtype group.
 
 Variables, gradients and state live on the GPU. A variable is the caller's object (a numba
 device array, or anything with ``__cuda_array_interface__``: CuPy, PyTorch CUDA tensors),
@@ -14,7 +14,7 @@ Design: the rule drivers, one launch per dtype group (multi-tensor apply)
 Every convention (tf_keras, Keras 3, Keras 2, TF1, PyTorch, optax) and every optimizer with a
 rule (:meth:`~refopt.Optimizer.update_rule`: Adam, AMSGrad, AdamW, LazyAdam, SGD, RMSprop)
 runs on the kernels :mod:`refopt.kernels.cuda.drivers` builds from the rule, with the host
-plan of :mod:`refopt.optimizers._plan` (the same plan and rules as ``backend="cpu"``):
+plan of :mod:`refopt.executors.plan` (the same plan and rules as ``backend="cpu"``):
 
 - **Flat state.** At build time each slot (``m``, ``v``, ``vhat``, the EMA ``average``) gets
   *one* flat device buffer per dtype holding every variable's slot back to back (started at
@@ -54,7 +54,7 @@ plan of :mod:`refopt.optimizers._plan` (the same plan and rules as ``backend="cp
   sparse Adam (the reference's TypeError), ``keras3_sparse_square``, LazyAdam with AMSGrad
   under PyTorch (no SparseAdam rule), float16 RMSprop under torch/optax (the reference's
   float16 FMA rounds once, the rule's twice), and optimizers without a rule. Same numbers;
-  the cost is the state's round trip. ``opt._cuda.fallbacks`` counts those steps per reason.
+  the cost is the state's round trip. ``opt._state.fallbacks`` counts those steps per reason.
 
 Everything that can raise is checked (and every scalar, norm, clip factor and table
 computed) before the first launch, so a raising ``apply_gradients`` changes nothing.
@@ -71,7 +71,11 @@ import warnings
 
 import numpy as np
 
+from refopt.executors import Executor, staged
+from refopt.executors.checks import describe
 from refopt.indexed_slices import IndexedSlices
+
+__all__ = ["CudaExecutor", "CudaState", "HostStepWarning"]
 
 
 def _kc():
@@ -199,6 +203,7 @@ class CudaState:
         self.views = [view(v, f"var_list[{i}]") for i, v in enumerate(var_list)]
         check_no_overlap(self.views, "var_list")
         self.dtypes = [np.dtype(d.dtype) for d in self.views]
+        self.specs = [(tuple(d.shape), dt) for d, dt in zip(self.views, self.dtypes)]
         self.offsets = []
         totals = {}
         for d, dt in zip(self.views, self.dtypes):
@@ -268,8 +273,9 @@ class CudaState:
             decay, tails=tails, active=active, clip=clip))
 
 
-def _check_pairs(opt, grads_and_vars):
-    from refopt.optimizers._checks import unpack_pairs
+def _check_pairs(grads_and_vars):
+    """The pairs as ``(gradient as a device array, variable, (shape, dtype))``."""
+    from refopt.executors.checks import unpack_pairs
 
     pairs = unpack_pairs(grads_and_vars)
     seen = set()
@@ -279,10 +285,10 @@ def _check_pairs(opt, grads_and_vars):
         if id(var) in seen:
             raise ValueError(f"The same variable appears twice in `grads_and_vars` (position {i}).")
         seen.add(id(var))
-        if grad is None:
-            out.append((None, var, d))
-            continue
         shape, dtype = tuple(d.shape), np.dtype(d.dtype)
+        if grad is None:
+            out.append((None, var, (shape, dtype)))
+            continue
         if isinstance(grad, IndexedSlices):
             if grad.dense_shape != shape:
                 raise ValueError(
@@ -294,7 +300,7 @@ def _check_pairs(opt, grads_and_vars):
                     f"Gradient at position {i} (IndexedSlices) has dtype={grad.dtype}, but "
                     f"its variable has dtype={dtype}; cast the gradient values."
                 )
-            out.append((grad, var, d))
+            out.append((grad, var, (shape, dtype)))
             continue
         g = _kc().as_device(f"Gradient at position {i}", grad)
         if tuple(g.shape) != shape or np.dtype(g.dtype) != dtype:
@@ -305,62 +311,8 @@ def _check_pairs(opt, grads_and_vars):
             )
         if not g.is_c_contiguous():
             raise ValueError(f"Gradient at position {i} must be C-contiguous on the device.")
-        out.append((g, var, d))
+        out.append((g, var, (shape, dtype)))
     return out
-
-
-def apply_gradients(opt, grads_and_vars, lr_value):
-    """``Optimizer.apply_gradients`` for ``backend="cuda"`` (same order, same errors)."""
-    from refopt import schedules as _schedules
-    from refopt.optimizers._checks import _INT64_MAX
-
-    kc = _kc()
-    is_schedule = isinstance(opt._learning_rate, _schedules.LearningRateSchedule)
-    pairs = _check_pairs(opt, grads_and_vars)
-    if not pairs:
-        if is_schedule:
-            opt._current_learning_rate = lr_value
-        return opt._iterations
-    if opt._iterations >= _INT64_MAX:
-        raise OverflowError(f"`iterations` is {opt._iterations}; one more step would overflow.")
-    kc.check_config()
-    if opt._built:  # the reference's order: unknown variables (KeyError) before the rest
-        for k, (_, var, d) in enumerate(pairs):
-            shape, dtype = opt._var_specs[opt._position(var)]
-            if tuple(d.shape) != shape or np.dtype(d.dtype) != dtype:
-                raise ValueError(
-                    f"The variable at position {k} changed shape or dtype after build.")
-    present = [(g, var, d) for g, var, d in pairs if g is not None]
-    if not present:
-        raise ValueError(
-            "No gradients provided for any variable (every gradient is None). Received "
-            f"{len(pairs)} (gradient, variable) pairs."
-        )
-    if len(present) < len(pairs):
-        missing = [i for i, (g, _, _) in enumerate(pairs) if g is None]
-        warnings.warn(
-            f"Gradients do not exist for the variables at positions {missing}; they are "
-            "skipped in this step.", UserWarning, stacklevel=3)
-    building = not opt._built
-    if building:
-        opt.build([var for _, var, _ in pairs])
-    try:
-        calls, host_reason = _prepare(opt, present, lr_value, kc)
-    except BaseException:
-        if building:
-            opt._reset_state()
-        raise
-    for fn, args, kwargs in calls:  # nothing can fail from here on
-        fn(*args, **kwargs)
-    if host_reason is not None:
-        _note_fallback(opt, host_reason)
-    if opt.convention.step_counter == "per_variable":
-        for _, var, _ in present:
-            opt._var_steps[opt._index[id(var)]] += 1
-    opt._iterations += 1
-    if is_schedule:
-        opt._current_learning_rate = lr_value
-    return opt._iterations
 
 
 # --------------------------------------------------------------------------- the fused step
@@ -387,7 +339,7 @@ def rule_capable(cls):
 
 
 class _NoExclusions:
-    """``opt`` seen without its weight-decay exclusions (for :func:`refopt.optimizers._plan.plan`,
+    """``opt`` seen without its weight-decay exclusions (for :func:`refopt.executors.plan.plan`,
     which refuses optax's decay with exclusions: here the excluded tensors get their own rule
     call without the decay)."""
 
@@ -423,18 +375,17 @@ def _clip_host(values, mode, c, d, s):
     return values
 
 
-def _prepare(opt, present, lr_value, kc):
+def _prepare(opt, positions, present_grads, lr_value, kc):
     """The launches of one step, ``(calls, host_reason)``; nothing is written here.
 
     ``host_reason`` is None for the rule drivers' fused path, else why the step is computed
     on the host (:func:`_host_step`).
     """
-    state = opt._cuda
-    positions = [opt._position(var) for _, var, _ in present]  # checked in apply_gradients
+    state = opt._state
     # A dense gradient that shares memory with what the kernels write (a variable, a slot) is
     # copied first, so that it is read as it was before the step (the reference's semantics).
     grads = []
-    for g, _, _ in present:
+    for g in present_grads:
         if not isinstance(g, IndexedSlices) and state.aliases(g):
             dup = kc.cuda.device_array(g.shape, g.dtype)
             kc.copy(dup, g)
@@ -449,11 +400,11 @@ def _prepare(opt, present, lr_value, kc):
 def _fused(opt, positions, grads, lr_value, kc):
     """The rule drivers' launches of one step (see the module docstring), or ``_Fallback``."""
     from refopt.kernels.cuda import drivers
-    from refopt.optimizers import _plan
+    from refopt.executors import plan as _plan
     from refopt.reference._common import scalar
     from refopt.rules import steps as S
 
-    state = opt._cuda
+    state = opt._state
     conv = opt.convention
     if not rule_capable(type(opt)):
         raise _Fallback(f"{type(opt).__name__} has no rule (update_rule)")
@@ -651,11 +602,12 @@ def _reference_clone(opt):
     """A shallow copy of ``opt`` that computes with the reference (no device state)."""
     from refopt import reference
 
+    from refopt.executors import get_executor
+
     clone = copy.copy(opt)
-    clone.backend = "reference"
+    clone._executor = get_executor("reference")
     clone._kernels = reference
-    clone._cuda = None
-    clone._flat = None
+    clone._state = None
     return clone
 
 
@@ -671,7 +623,7 @@ def _validate(opt, positions, how, steps, decays, decay_name, lr_value):
     from refopt.reference import variants as V
 
     clone = _reference_clone(opt)
-    dtype_of = opt._cuda.dtypes
+    dtype_of = opt._state.dtypes
     seen = set()
     with np.errstate(all="ignore"):
         for k, i in enumerate(positions):
@@ -683,7 +635,7 @@ def _validate(opt, positions, how, steps, decays, decay_name, lr_value):
                 continue
             seen.add(key)
             z = np.zeros(1, dt)
-            p = clone._decay(z, lr_value) if decays[k] else z
+            p = staged.decay(clone, z, lr_value) if decays[k] else z
             slots = {name: np.zeros(1, dt) for name in opt._slot_names()}
             extra = {}
             if inside:
@@ -720,7 +672,7 @@ def _host_step(opt, positions, grads, lr_value, kc):
     """A step the rule drivers cannot express, computed on the host by the reference.
 
     Copies every variable, slot and average to the host, runs the reference's staged step
-    (``Optimizer._compute_step`` on a clone of ``opt`` that computes with
+    (:func:`refopt.executors.staged.compute` on a clone of ``opt`` that computes with
     :mod:`refopt.reference`), and returns the uploads of what it changed (run after it
     returned: a step that raises changes nothing). The same numbers as
     ``backend="reference"``; the cost is the round trip of the whole state. Taken for:
@@ -730,7 +682,7 @@ def _host_step(opt, positions, grads, lr_value, kc):
     ``keras3_sparse_square``, an optimizer or a step without a rule (``update_rule`` returns
     None), lazy rows of a rule with a scalar tail.
     """
-    state = opt._cuda
+    state = opt._state
     n = len(opt._vars)
     hv = [_to_host(d) for d in state.views]
     hslots = {name: [_to_host(a) for a in opt._slots[name]] for name in opt._slot_names()}
@@ -745,7 +697,7 @@ def _host_step(opt, positions, grads, lr_value, kc):
     pairs = [(g if isinstance(g, IndexedSlices) else _to_host(g), hv[i])
              for g, i in zip(grads, positions)]
     with np.errstate(all="ignore"):
-        new_values = clone._compute_step(pairs, lr_value)
+        new_values = staged.compute(clone, pairs, lr_value)
     calls = []
     for key, (param, slots, average, rows) in new_values.items():
         i = clone._index[key]
@@ -767,15 +719,76 @@ def _host_step(opt, positions, grads, lr_value, kc):
 
 
 def _note_fallback(opt, reason):
-    counts = opt._cuda.fallbacks
+    counts = opt._state.fallbacks
     if reason not in counts:
         warnings.warn(
             f"backend='cuda': {reason}; this step was computed on the host by the reference "
             "(the same numbers; the state is copied to the host and back).",
-            HostStepWarning, stacklevel=4)
+            HostStepWarning, stacklevel=5)
     counts[reason] = counts.get(reason, 0) + 1
 
 
-def finalize(opt, positions):
-    for i in positions:
-        _kc().copy(opt._cuda.views[i], opt._cuda.averages[i])
+class CudaExecutor(Executor):
+    """numba-cuda: device state (:class:`CudaState`), the rule drivers' launches, the staged
+    step on host copies (:func:`_host_step`) for what one fused pass cannot express."""
+
+    name = "cuda"
+
+    def __init__(self):
+        try:
+            from refopt.kernels import cuda
+        except ImportError as exc:
+            raise RuntimeError(
+                "backend='cuda' needs the numba-cuda package (pip install 'refopt[cuda]') and "
+                f"an NVIDIA GPU. Use backend='cpu' or 'reference'. ({exc})"
+            ) from None
+        self.kernels = cuda
+
+    def require_device(self):
+        self.kernels.require_device()
+
+    def check_var_list(self, var_list, what):
+        var_list = check_var_list(var_list, what)
+        var_list = list(var_list)
+        seen = set()
+        for i, var in enumerate(var_list):
+            view(var, f"{what}[{i}]")
+            if id(var) in seen:
+                raise ValueError(
+                    f"`{what}` lists the same variable twice (position {i}, {describe(var)}).")
+            seen.add(id(var))
+        return var_list
+
+    def check_pairs(self, grads_and_vars):
+        return _check_pairs(grads_and_vars)
+
+    def allocate(self, opt, var_list):
+        return CudaState(var_list, opt._slot_names(), opt.use_ema, opt._slot_initial_value,
+                         average_zero=opt.convention.ema == "keras3")
+
+    def run_step(self, opt, positions, grads, lr_value):
+        kc = _kc()
+        kc.check_config()
+        calls, host_reason = _prepare(opt, positions, grads, lr_value, kc)
+        for fn, args, kwargs in calls:  # nothing can fail from here on
+            fn(*args, **kwargs)
+        if host_reason is not None:
+            _note_fallback(opt, host_reason)
+
+    def finalize(self, opt, positions):
+        for i in positions:
+            _kc().copy(opt._state.views[i], opt._state.averages[i])
+
+    def checkpoint_arrays(self, variables):
+        check_var_list(variables, "variables")  # not one device array
+        _kc().check_config()
+        if isinstance(variables, np.ndarray) or variables is None:
+            raise TypeError(
+                "`variables` must be a list of the optimizer's variables (device arrays), in "
+                f"a fixed order. Received: {type(variables).__name__}")
+        variables = list(variables)
+        arrays = [view(v, f"`variables[{i}]`") for i, v in enumerate(variables)]
+        if len({id(v) for v in variables}) != len(variables):
+            raise ValueError("`variables` lists the same array twice.")
+        check_no_overlap(arrays, "variables")
+        return variables, arrays

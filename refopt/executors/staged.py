@@ -1,0 +1,186 @@
+"""The staged step: the reference executor's whole step, written once in NumPy.
+
+Owns the arithmetic order of one step after validation (``tf_keras/optimizers/optimizer.py``,
+``apply_gradients`` / ``_distributed_apply_gradients_fn``), as each convention has it:
+
+1. clip (``clipnorm`` per tensor, else ``global_clipnorm``, else ``clipvalue``; Keras 2 all
+   three in sequence);
+2. sum duplicate indices of ``IndexedSlices`` gradients (after clipping, as tf-keras);
+3. weight decay as the convention couples it (decoupled before the update, or an L2 term
+   inside it);
+4. the optimizer's own update (``Optimizer._update_step``, with ``t`` = the step count + 1,
+   per variable under PyTorch's counters), on the present rows only for a lazy sparse step;
+5. the EMA of the weights and, every ``ema_overwrite_frequency`` steps, the overwrite.
+
+:func:`compute` returns new arrays and modifies nothing; :func:`commit` writes them into the
+variables and slots and cannot fail. The reference executor runs both; the ``cpu`` executor
+runs them (with the CPU kernels' pure functions) for what its fused kernels do not take; the
+``cuda`` executor runs them on host copies for what one fused pass cannot express. The pure
+functions come from ``opt._kernels`` (the executor's table: :mod:`refopt.reference` or
+:mod:`refopt.kernels.cpu`), so the numbers are the reference's on every backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refopt.indexed_slices import IndexedSlices
+from refopt.reference import variants as _variants
+
+__all__ = ["compute", "commit", "clip", "decay", "average"]
+
+
+def clip(opt, grads):
+    """The gradients clipped as ``opt``'s convention selects and computes (new objects)."""
+    k = opt._kernels
+    conv = opt.convention
+    if conv.clip_formula == "tf":
+        by_norm = k.clip_by_norm
+        by_global = lambda gs, c: k.clip_by_global_norm(gs, c)[0]  # noqa: E731
+    else:
+        by_norm = lambda g, c: _variants.clip_norm_variant(g, c, conv)  # noqa: E731
+        by_global = lambda gs, c: _variants.clip_global_norm_variant(gs, c, conv)  # noqa
+    if conv.clip_selection == "legacy":  # Keras 2: clipvalue, then clipnorm, then global
+        grads = list(grads)
+        if opt.clipvalue is not None:
+            grads = [k.clip_by_value(g, opt.clipvalue) for g in grads]
+        if opt.clipnorm is not None:
+            grads = [by_norm(g, opt.clipnorm) for g in grads]
+        if opt.global_clipnorm is not None:
+            grads = by_global(grads, opt.global_clipnorm)
+        return grads
+
+    def on(c):  # tf's formula: <= 0 means no clipping; torch/optax apply any value
+        return c is not None and (c > 0 if conv.clip_formula == "tf" else True)
+
+    if on(opt.clipnorm):
+        return [by_norm(g, opt.clipnorm) for g in grads]
+    if on(opt.global_clipnorm):
+        return by_global(grads, opt.global_clipnorm)
+    if opt.clipvalue and opt.clipvalue > 0:
+        return [k.clip_by_value(g, opt.clipvalue) for g in grads]
+    return list(grads)
+
+
+def decay(opt, param, lr_value):
+    """``param`` after the weight decay applied before the update (a new array, or ``param``)."""
+    mode = opt._decay_mode()
+    if mode == "decoupled":
+        return opt._kernels.apply_weight_decay(
+            param, learning_rate=lr_value, weight_decay=opt.weight_decay
+        )
+    if mode == "torch":
+        return _variants.decay_torch(
+            param, learning_rate=lr_value, weight_decay=opt.weight_decay
+        )
+    return param  # "l2" and "optax" act inside the update
+
+
+def average(opt, i, new_param):
+    """The new EMA average of variable ``i`` given its new value (a new array)."""
+    conv = opt.convention
+    if conv.ema == "copy":
+        return opt._kernels.ema_update(
+            opt._averages[i], new_param, ema_momentum=opt.ema_momentum
+        )
+    with np.errstate(all="ignore"):
+        return np.asarray(_variants.ema_variant(
+            opt._averages[i], new_param, ema_momentum=opt.ema_momentum,
+            first_step=opt._iterations == 0, convention=conv,
+        ))
+
+
+def _expand_rows(opt, i, rows, param_rows, slot_rows):
+    """Whole new arrays from row-wise results (copies; nothing is modified)."""
+    param = opt._vars[i].copy()
+    param[rows] = param_rows
+    slots = {}
+    for name, arr in slot_rows.items():
+        slots[name] = opt._slots[name][i].copy()
+        slots[name][rows] = arr
+    return param, slots
+
+
+def compute(opt, present, lr_value):
+    """One step of ``opt`` for the ``(gradient, variable)`` pairs ``present``, into new arrays.
+
+    Returns
+    -------
+    dict
+        ``id(variable) -> (param, slots, average, rows)``: the new variable (or its rows), the
+        new slots (dict), the new EMA average (or None), and the rows a lazy step computed
+        (None: whole arrays). Nothing has been modified; :func:`commit` writes it.
+    """
+    grads = [g for g, _ in present]
+    variables = [v for _, v in present]
+    conv = opt.convention
+    grads = clip(opt, grads)
+    if not conv.keras3_sparse_square:  # the bug needs the raw duplicates
+        grads = [g.deduplicate() if isinstance(g, IndexedSlices) else g for g in grads]
+    overwrite = bool(opt.ema_overwrite_frequency
+                     and (opt._iterations + 1) % opt.ema_overwrite_frequency == 0)
+    out = {}
+    for grad, var in zip(grads, variables):
+        i = opt._index[id(var)]
+        step = (opt._var_steps[i] if conv.step_counter == "per_variable"
+                else opt._iterations) + 1
+        decays = opt.weight_decay is not None and id(var) not in opt._exclude_ids
+        if opt._is_lazy() and isinstance(grad, IndexedSlices):
+            # Lazy rows: gather the present (unique) rows of the variable and its slots,
+            # run the dense update on them, scatter back at commit. Cost ~ rows touched.
+            rows = grad.indices
+            param = var[rows]
+            grad = grad.values
+            slots = {name: opt._slots[name][i][rows] for name in opt._slot_names()}
+        else:
+            rows = None
+            param = var
+            slots = {name: opt._slots[name][i] for name in opt._slot_names()}
+        extra = {}
+        if decays:
+            param = decay(opt, param, lr_value)
+            if opt._decay_mode() in ("l2", "optax"):  # inside the update
+                if isinstance(grad, IndexedSlices):
+                    raise TypeError(
+                        f"convention={conv.name!r}: this weight decay needs dense "
+                        "gradients (the framework refuses sparse ones). Received an "
+                        f"IndexedSlices for the variable at position {i}."
+                    )
+                extra["weight_decay"] = opt.weight_decay
+        if rows is not None:
+            extra["lazy_rows"] = True
+        new_param, new_slots = opt._update_step(param, grad, slots, lr_value, step, **extra)
+        avg = None
+        if opt.use_ema:
+            # The EMA averages every row, so with EMA a lazy step commits whole arrays.
+            if rows is not None:
+                new_param, new_slots = _expand_rows(opt, i, rows, new_param, new_slots)
+                rows = None
+            avg = average(opt, i, new_param)
+            if overwrite:
+                new_param = avg
+        out[id(var)] = (new_param, new_slots, avg, rows)
+    if opt.use_ema and conv.ema in ("keras3", "torch"):
+        # Keras 3 and AveragedModel average every built variable, not only this call's
+        for i, var in enumerate(opt._vars):
+            if id(var) in out:
+                continue
+            avg = average(opt, i, var)
+            out[id(var)] = (avg if overwrite else var, {}, avg, None)
+    return out
+
+
+def commit(opt, new_values):
+    """Write :func:`compute`'s result into the variables, slots and averages (cannot fail)."""
+    for var, (param, slots, avg, rows) in new_values.items():
+        i = opt._index[var]
+        if avg is not None:
+            np.copyto(opt._averages[i], avg)
+        if rows is None:
+            np.copyto(opt._vars[i], param)
+            for name, arr in slots.items():
+                np.copyto(opt._slots[name][i], arr)
+        else:  # lazy: only the rows of the sparse gradient were computed
+            opt._vars[i][rows] = param
+            for name, arr in slots.items():
+                opt._slots[name][i][rows] = arr
