@@ -277,12 +277,17 @@ def bench_conventions(n, conventions=("tf_keras", "keras3", "keras2", "tf1", "to
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    parser.add_argument("--dense-only", metavar="N", type=float, nargs="+",
+                        help="only the dense Adam table, at these sizes (e.g. 1e4 1e5 1e6)")
     args = parser.parse_args(argv)
     print(f"# refopt {refopt.__version__} CPU benchmark: numba {numba.__version__} "
           f"({numba.config.THREADING_LAYER} layer, {numba.get_num_threads()} threads), "
           f"numpy {np.__version__}, torch "
           f"{torch.__version__ + f' ({torch.get_num_threads()} threads)' if torch else 'absent'}"
           f", {os.cpu_count()} CPUs")
+    if args.dense_only:
+        bench_dense([int(n) for n in args.dense_only], 0)
+        return
     if args.quick:
         bench_dense([10**5, 10**6], 10**6)
         bench_lazy([10**4, 10**5], 4096, 64)

@@ -261,7 +261,7 @@ def test_subclass_with_its_own_update_takes_the_staged_path():
 
 # --------------------------------------------------------------------------- layout, calls
 def test_many_small_tensors_take_one_kernel_call_per_dtype(monkeypatch):
-    from refopt.kernels.cpu import _common
+    from refopt.executors import cpu as _cpu
 
     rng = np.random.default_rng(0)
     ws = [rng.standard_normal(rng.integers(0, 50)).astype(np.float32 if i % 3 else np.float64)
@@ -270,13 +270,13 @@ def test_many_small_tensors_take_one_kernel_call_per_dtype(monkeypatch):
     grads = [rng.standard_normal(w.shape).astype(w.dtype) for w in ws]
     opt.apply_gradients(zip(grads, ws))  # compile/load outside the count
     calls = []
-    real = _common.launch
+    real = _cpu.launch
 
     def counting(kernel, args, n):
         calls.append((kernel.__name__, args[0].shape[0]))
         return real(kernel, args, n)
 
-    monkeypatch.setattr(_common, "launch", counting)
+    monkeypatch.setattr(_cpu, "launch", counting)
     opt.apply_gradients(zip(grads, ws))
     # one fused call per dtype, covering every tensor
     assert sorted(calls) == [("dense", 100), ("dense", 200)]

@@ -31,12 +31,19 @@ functions: the same numbers, computed into new arrays and committed at the end.
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
+from refopt.executors import plan as _plan
 from refopt.executors import staged
 from refopt.executors.checks import _INT64_MAX
 from refopt.executors.reference import ReferenceExecutor
 from refopt.indexed_slices import IndexedSlices
+from refopt.kernels.cpu import _kernels as K
+from refopt.kernels.cpu import drivers
+from refopt.kernels.cpu._common import launch, rows2d, stable_order
+from refopt.kernels.cpu.clipping import global_norm, sums_of_squares
 
 __all__ = ["CpuExecutor", "FlatState", "quick_pairs", "try_fast_step"]
 
@@ -115,6 +122,39 @@ class FlatState:
         self.overlap = any(ranges[k + 1][0] < ranges[k][1] for k in range(len(ranges) - 1))
         self.w_lo = np.array([r[0] for r in ranges], np.int64)
         self.w_hi = np.array([r[1] for r in ranges], np.int64)
+        self.w_lo_list = [r[0] for r in ranges]
+        self.w_hi_list = [r[1] for r in ranges]
+        self.paddr_list = self.paddr.tolist()
+        self.plans = {}  # refopt.executors.plan.plan's cache
+        self._templates = {}
+
+    #: Segment tables kept per set of tensors (a training loop has one or a few).
+    MAX_TEMPLATES = 64
+
+    def template(self, dtype, positions, active, decay, clip, lanes):
+        """The read-only tables of a dense call over the variables at ``positions``
+        (``active``: has a gradient, else EMA only; ``decay``, ``clip``: per tensor):
+        ``(pos, seg, cden, cscale, paddr, elements)``, built once per combination; the
+        caller must not write them (``cden``/``cscale`` are ones: copied to write norms)."""
+        key = (dtype, positions, active, decay, clip, lanes)
+        t = self._templates.get(key)
+        if t is None:
+            if len(self._templates) >= self.MAX_TEMPLATES:
+                self._templates.clear()
+            n = len(positions)
+            pos = np.array(positions, np.int64)
+            seg = np.zeros((n, drivers.SEG_COLUMNS), np.int64)
+            seg[:, drivers.SEG_OFFSET] = self.offset[pos]
+            cnt = self.count[pos]
+            seg[:, drivers.SEG_COUNT] = cnt
+            seg[:, drivers.SEG_TAIL] = cnt - cnt % lanes if lanes else cnt
+            seg[:, drivers.SEG_ACTIVE] = active
+            seg[:, drivers.SEG_DECAY] = decay
+            seg[:, drivers.SEG_CLIP] = clip
+            ones = np.ones(n, dtype)  # never written: the executor copies it to write norms
+            t = self._templates[key] = (pos, seg, ones, ones, self.paddr[pos],
+                                        int(cnt.sum()))
+        return t
 
     def overlaps_written(self, lo, hi):
         """Mask of the byte ranges ``[lo, hi)`` that overlap memory the kernels write."""
@@ -138,8 +178,6 @@ def _data_offset():
     """
     global _DATA_OFFSET
     if _DATA_OFFSET is None:
-        from refopt.kernels.cpu import _kernels as K
-
         base = np.arange(10, dtype=np.float32)
         probes = [base, base[3:], np.frombuffer(bytearray(40), np.float64), np.zeros((2, 3))]
         offset = 2 * np.dtype(np.intp).itemsize  # after ob_refcnt and ob_type
@@ -154,8 +192,6 @@ def data_addresses(arrays):
     offset = _data_offset()
     if offset is False:
         return np.array([a.ctypes.data for a in arrays], np.int64)
-    from refopt.kernels.cpu import _kernels as K
-
     return K.read_int64_at(np.fromiter([id(a) + offset for a in arrays], np.int64, len(arrays)))
 
 
@@ -202,6 +238,16 @@ def _safe_grads(state, grads):
     and their addresses."""
     grads = [g if g.flags.c_contiguous else np.ascontiguousarray(g) for g in grads]
     addr = data_addresses(grads)
+    if len(grads) <= 8:  # a few gradients: Python's bisect beats NumPy's per-call cost
+        starts, ends = state.w_lo_list, state.w_hi_list
+        for k, g in enumerate(grads):
+            lo = int(addr[k])
+            hi = lo + g.nbytes
+            j = bisect.bisect_left(starts, hi) - 1
+            if hi > lo and j >= 0 and ends[j] > lo:
+                grads[k] = g.copy()
+                addr[k] = grads[k].ctypes.data
+        return grads, addr
     nbytes = np.fromiter([g.nbytes for g in grads], np.int64, len(grads))
     alias = state.overlaps_written(addr, addr + nbytes)
     if alias.any():
@@ -209,6 +255,21 @@ def _safe_grads(state, grads):
             grads[k] = grads[k].copy()
             addr[k] = grads[k].ctypes.data
     return grads, addr
+
+
+_SLOTS_MATCH = {}
+
+
+def _slots_match(opt, rule):
+    """Whether ``rule``'s slots are exactly ``opt``'s, in its order (decided once per pair)."""
+    key = (type(opt), opt._slot_names(), rule)
+    ok = _SLOTS_MATCH.get(key)
+    if ok is None:
+        names = opt._slot_names()
+        ok = _SLOTS_MATCH[key] = (
+            tuple(rule.slots) == tuple(n for n in names if n in rule.slots)
+            and set(rule.slots) == set(names))
+    return ok
 
 
 class _Group:
@@ -248,18 +309,13 @@ def try_fast_step(opt, positions, grads, lr_value):
         A global clip norm over gradients of mixed dtypes (TensorFlow's rule), raised before
         anything is written.
     """
-    from refopt.kernels.cpu import drivers
-    from refopt.kernels.cpu._common import launch, rows2d, stable_order
-    from refopt.kernels.cpu.clipping import global_norm, sums_of_squares
-    from refopt.executors import plan as _plan
-
     state = opt._state
     if state is None or state.overlap:
         return False
     # The kernels write through the addresses taken at build time: a variable whose buffer
     # moved since (ndarray.resize) takes the staged path instead.
-    if not np.array_equal(data_addresses([opt._vars[i] for i in positions]),
-                          state.paddr[positions]):
+    if data_addresses([opt._vars[i] for i in positions]).tolist() != [
+            state.paddr_list[i] for i in positions]:
         return False
     conv = opt.convention
     dtype_of = state.dtype_of
@@ -292,17 +348,21 @@ def try_fast_step(opt, positions, grads, lr_value):
                     sums[k] = v
 
     # Clip mode, denominator and scale per gradient (global clipping over all of them).
-    by_dtype = {}
-    for k, i in enumerate(positions):
-        by_dtype.setdefault(dtype_of[i], []).append(k)
-    cm, cd, cs = [None] * len(grads), [None] * len(grads), [None] * len(grads)
     cvs = {}
-    for dt, ks in by_dtype.items():
-        sub = [sums[k] for k in ks] if sums[ks[0]] is not None else None
-        cmode, cden, cscale, cv = _plan.clip_arrays(opt, dt, len(ks), sub, gnorm)
-        cvs[dt] = cv
-        for j, k in enumerate(ks):
-            cm[k], cd[k], cs[k] = cmode[j], cden[j], cscale[j]
+    if kind is None:  # no clipping: mode 0, and the kernels never read cden/cscale
+        cm = [0] * len(grads)
+        cd = cs = None
+    else:
+        by_dtype = {}
+        for k, i in enumerate(positions):
+            by_dtype.setdefault(dtype_of[i], []).append(k)
+        cm, cd, cs = [None] * len(grads), [None] * len(grads), [None] * len(grads)
+        for dt, ks in by_dtype.items():
+            sub = [sums[k] for k in ks] if sums[ks[0]] is not None else None
+            cmode, cden, cscale, cv = _plan.clip_arrays(opt, dt, len(ks), sub, gnorm)
+            cvs[dt] = cv
+            for j, k in enumerate(ks):
+                cm[k], cd[k], cs[k] = cmode[j], cden[j], cscale[j]
 
     excluded = opt._exclude_ids
     decaying = opt.weight_decay is not None
@@ -344,9 +404,7 @@ def try_fast_step(opt, positions, grads, lr_value):
         pl.psc[2] = cvs.get(dt, dt.type(0))  # steps.P_CLIP
         plans[(dt, step)] = pl
         rc = opt._rule(dt, lr_value, step, optax_weight_decay=pl.optax_weight_decay)
-        if rc is None or tuple(rc.rule.slots) != tuple(
-                n for n in opt._slot_names() if n in rc.rule.slots) or set(
-                rc.rule.slots) != set(opt._slot_names()):
+        if rc is None or not _slots_match(opt, rc.rule):
             return False
         grp.rc, grp.plan = rc, pl
     for k, i, g, grp in rows_calls:
@@ -361,44 +419,40 @@ def try_fast_step(opt, positions, grads, lr_value):
         order, srows = stable_order(g.indices)
         tables = [rows2d(opt._slots[name][i]) for name in rc.rule.slots]
         decay = decaying and id(var) not in excluded
-        args = (rows2d(var), *tables, order, srows, vals, int(cm[k]), cd[k], cs[k],
+        args = (rows2d(var), *tables, order, srows, vals, int(cm[k]),
+                *((cd[k], cs[k]) if cd is not None else (grp.dtype.type(1),) * 2),
                 grp.plan.dmode if decay else 0, grp.plan.psc, rc.sc, rc.fl)
         calls.append((K.rows, args, vals.size))
     for (dt, step), grp in groups.items():
         if not grp.pos:
             continue
         rc, pl = grp.rc, grp.plan
-        n = len(grp.pos)
-        pos = np.array(grp.pos, np.int64)
         dense_grads = [g for g in grp.grads if g is not None]
         safe, gaddr_dense = _safe_grads(state, dense_grads) if dense_grads else ([], [])
-        gaddr = np.zeros(n, np.int64)
-        seg = np.zeros((n, drivers.SEG_COLUMNS), np.int64)
-        seg[:, drivers.SEG_OFFSET] = state.offset[pos]
-        seg[:, drivers.SEG_COUNT] = state.count[pos]
-        cden = np.ones(n, dt)
-        cscale = np.ones(n, dt)
-        lanes = rc.tail_lanes
-        j = 0
-        for q, (i, k) in enumerate(zip(grp.pos, grp.active)):
-            cnt = int(state.count[i])
-            seg[q, drivers.SEG_TAIL] = cnt - cnt % lanes if lanes else cnt
-            if k is None:
-                continue
-            gaddr[q] = gaddr_dense[j]
-            j += 1
-            seg[q, drivers.SEG_ACTIVE] = 1
-            seg[q, drivers.SEG_DECAY] = decaying and id(opt._vars[i]) not in excluded
-            seg[q, drivers.SEG_CLIP] = cm[k]
-            cden[q] = cd[k]
-            cscale[q] = cs[k]
+        active = tuple(k is not None for k in grp.active)
+        decay = tuple(bool(decaying and k is not None and id(opt._vars[i]) not in excluded)
+                      for i, k in zip(grp.pos, grp.active))
+        clip = tuple(0 if k is None else int(cm[k]) for k in grp.active)
+        pos, seg, cden, cscale, paddr, elements = state.template(
+            dt, tuple(grp.pos), active, decay, clip, rc.tail_lanes)
+        if len(gaddr_dense) == len(active):  # every tensor has a gradient
+            gaddr = gaddr_dense
+        else:
+            gaddr = np.zeros(len(active), np.int64)
+            gaddr[list(active)] = gaddr_dense if len(gaddr_dense) else 0
+        if cd is not None:  # norms: this step's denominators and scales
+            cden, cscale = cden.copy(), cscale.copy()
+            for q, k in enumerate(grp.active):
+                if k is not None:
+                    cden[q] = cd[k]
+                    cscale[q] = cs[k]
         buf = state.buffers[dt]
         empty = np.zeros(0, dt)
         K = drivers.kernels(rc.rule, rc.fl, pl.dmode, bool(rc.tail_lanes))
-        args = (state.paddr[pos], gaddr, seg, cden, cscale,
+        args = (paddr, gaddr, seg, cden, cscale,
                 *[buf[name] for name in rc.rule.slots], buf.get("average", empty),
                 pl.dmode, pl.emode, pl.overwrite, pl.psc, rc.sc, rc.fl, safe)
-        calls.append((K.dense, args, int(state.count[pos].sum())))
+        calls.append((K.dense, args, elements))
     # Nothing has been written so far; from here on nothing can fail.
     for kernel, args, elements in calls:
         if kernel.__name__ == "dense":

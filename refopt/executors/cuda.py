@@ -224,6 +224,7 @@ class CudaState:
             for a, d in zip(self.averages, self.views):
                 kc.copy(a, d)
         self._tables = {}
+        self.plans = {}  # refopt.executors.plan.plan's cache
         self.fallbacks = {}  # reason -> count of steps computed on the host (tests, reports)
         # Memory the kernels write (variables and the flat state), sorted, non-overlapping.
         written = [extent(d) for d in self.views]

@@ -137,7 +137,33 @@ def clip_arrays(opt, dtype, n, sums=None, global_norm=None):
 
 
 def plan(opt, dtype, lr_value, step, n, sums=None, global_norm=None):
-    """The :class:`Plan` of one dtype group of ``n`` tensors, or ``None`` (staged path)."""
+    """The :class:`Plan` of one dtype group of ``n`` tensors, or ``None`` (staged path).
+
+    Without norms (``sums`` and ``global_norm`` None) the plan depends only on the
+    hyperparameters, the learning rate and whether this is the first step or an overwrite
+    step; it is then kept in ``opt._state.plans`` under those (its ``psc`` is a fresh copy
+    each call: the executors write the clip scalar into it).
+    """
+    cache = getattr(opt._state, "plans", None) if sums is None and global_norm is None else None
+    if cache is None:
+        return _plan(opt, dtype, lr_value, n, sums, global_norm)
+    freq = opt.ema_overwrite_frequency
+    key = (dtype, lr_value, n, opt.convention, opt.weight_decay, bool(opt._exclude_ids),
+           opt.clipvalue, opt.clipnorm, opt.global_clipnorm, opt.use_ema, opt.ema_momentum,
+           opt._iterations == 0, bool(freq and (opt._iterations + 1) % freq == 0),
+           type(opt))
+    pl = cache.get(key)
+    if pl is None:
+        if len(cache) >= 64:
+            cache.clear()
+        pl = cache[key] = _plan(opt, dtype, lr_value, n, sums, global_norm)
+    if pl is None:
+        return None
+    return Plan(pl.psc.copy(), pl.dmode, pl.emode, pl.overwrite, pl.cmode, pl.cden,
+                pl.cscale, pl.optax_weight_decay)
+
+
+def _plan(opt, dtype, lr_value, n, sums, global_norm):
     dtype = np.dtype(dtype)
     conv = opt.convention
     kind, _ = clip_kind(opt)

@@ -126,6 +126,10 @@ def _check_convention(convention):
     return get_convention(convention)
 
 
+#: class -> whether its update_rule computes its NumPy update (see Optimizer._rule)
+_HAS_RULE = {}
+
+
 class Optimizer:
     """Base class of the stateful optimizers, with the tf.keras 2.11+ pipeline and API.
 
@@ -458,8 +462,13 @@ class Optimizer:
         """:meth:`update_rule`, or None when a subclass rewrote the NumPy update below the
         class that defines the rule (the rule would then compute something else): the
         executors call this, never :meth:`update_rule` directly."""
-        numpy_owner = min(self._owner_index("update_step"), self._owner_index("_update_step"))
-        if self._owner_index("update_rule") > numpy_owner:
+        cls = type(self)
+        has_rule = _HAS_RULE.get(cls)
+        if has_rule is None:  # a property of the class: decided once
+            numpy_owner = min(self._owner_index("update_step"),
+                              self._owner_index("_update_step"))
+            has_rule = _HAS_RULE[cls] = self._owner_index("update_rule") <= numpy_owner
+        if not has_rule:
             return None
         return self.update_rule(dtype, learning_rate, step, **kwargs)
 

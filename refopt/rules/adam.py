@@ -13,6 +13,11 @@ moment and step helpers, with the convention's form chosen by flags:
     branch on the weight) and ``fma((1-b2) g, g, v b2)`` (the scalar tail the other way
     round); 3: XLA's ``fma(1 - b, g, b m)``.
 
+:data:`ADAM_TABLE` and :data:`AMSGRAD_TABLE` are tf-keras' non-lazy sparse update of a
+whole table (the drivers' ``table`` kernels: the element gets ``g = None`` where its row has
+no gradient); :func:`pure_update` is :func:`refopt.reference.adam_update` and
+:func:`~refopt.reference.lazy_adam_update` on a backend's drivers.
+
 The scalars are rounded on the host (:func:`adam_call`) with the same helpers the reference
 uses to round its scalars (``refopt.reference.variants``); the element arithmetic here is
 independent of the reference's NumPy code, and the property tests compare the two.
@@ -133,9 +138,42 @@ def sparse_adam_element(p, g, m, v, sc, fl, tail):
     return add(p, mul(sc[S_NEG_STEP], div(numer, denom))), add(m, dm), add(v, dv)
 
 
+@register_jitable
+def table_moments(m, v, g, sc):
+    """tf-keras' non-lazy sparse moments: ``m + (-m)(1 - b1)`` everywhere, then
+    ``+ g (1 - b1)`` where the row has a gradient (``g`` None: it has none); ``v`` likewise
+    with ``g g``."""
+    m = add(m, mul(-m, sc[S_C1]))
+    v = add(v, mul(-v, sc[S_C2]))
+    if g is not None:
+        m = add(m, mul(g, sc[S_C1]))
+        v = add(v, mul(mul(g, g), sc[S_C2]))
+    return m, v
+
+
+@register_jitable
+def adam_table_element(p, g, m, v, sc, fl, tail):
+    """tf-keras' non-lazy sparse Adam on one element of the whole table: slots ``m, v``
+    (``g`` None where the element's row has no gradient; the weight moves anyway)."""
+    m, v = table_moments(m, v, g, sc)
+    return step_hat(p, m, v, sc), m, v
+
+
+@register_jitable
+def amsgrad_table_element(p, g, m, v, vh, sc, fl, tail):
+    """As :func:`adam_table_element` with AMSGrad's maximum: slots ``m, v, vhat``."""
+    m, v = table_moments(m, v, g, sc)
+    vh = maximum(vh, v)
+    return step_hat(p, m, vh, sc), m, v, vh
+
+
 ADAM = Rule("adam", adam_element, ("m", "v"))
 AMSGRAD = Rule("amsgrad", amsgrad_element, ("m", "v", "vhat"))
 SPARSE_ADAM = Rule("sparse_adam", sparse_adam_element, ("m", "v"))
+#: The whole-table sparse rules (the drivers' ``table`` kernels): tf-keras' ``IndexedSlices``
+#: path of :func:`refopt.reference.adam_update`.
+ADAM_TABLE = Rule("adam_table", adam_table_element, ("m", "v"))
+AMSGRAD_TABLE = Rule("amsgrad_table", amsgrad_table_element, ("m", "v", "vhat"))
 
 _MOMENTS = {"keras": 0, "ema": 1, "torch_fma": 2, "optax_fma": 3}
 
@@ -149,8 +187,7 @@ def adam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step, amsg
     the ``b m + (1 - b) g`` moments; ``"torch_sparse"`` is SparseAdam's rule). The scalars
     that do not depend on the step are computed once per configuration (cached).
     """
-    from refopt.reference import variants as V
-
+    V = _variants()
     dtype = np.dtype(dtype)
     rule, base, fl, lanes, form, bases = _adam_static(dtype, conv, beta_1, beta_2, epsilon, amsgrad,
                                                 optax_weight_decay, lazy_rows)
@@ -164,7 +201,7 @@ def adam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step, amsg
             sc[S_NEG_STEP] = -step_size
             return RuleCall(rule, sc, fl)
         one = dtype.type(1)
-        lr = V.lr_value(dtype, learning_rate, conv)
+        lr = _lr_value(dtype, learning_rate, conv)
         if form == 0 and conv.bias_correction == "pow" and dtype in _POW:
             # the hot path of the Keras conventions: powf/pow of the tf.cast betas
             pw, (b1c, b2c) = _POW[dtype], bases
@@ -187,6 +224,20 @@ def adam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step, amsg
             sc[S_BC2] = one - V.beta_power(dtype, beta_2, step, conv)
             sc[S_NEG_LR] = -float(lr)
     return RuleCall(rule, sc, fl, lanes)
+
+
+@functools.lru_cache(maxsize=1)
+def _variants():
+    from refopt.reference import variants
+
+    return variants
+
+
+@functools.lru_cache(maxsize=1024)
+def _lr_value(dtype, learning_rate, conv):
+    """The learning rate as the convention holds it (cached: a constant rate repeats)."""
+    with np.errstate(all="ignore"):
+        return _variants().lr_value(dtype, learning_rate, conv)
 
 
 def _pow_functions():
@@ -240,3 +291,52 @@ def _adam_static(dtype, conv, beta_1, beta_2, epsilon, amsgrad, optax_weight_dec
 
     bases = (tf_cast(dtype, beta_1), tf_cast(dtype, beta_2))  # tf.pow's operands
     return AMSGRAD if amsgrad else ADAM, scalars(dtype, sc), flags(fl), lanes, form, bases
+
+
+def tf_keras_call(dtype, *, learning_rate, beta_1, beta_2, epsilon, step, amsgrad, table=False):
+    """The :class:`~refopt.rules.RuleCall` of :func:`refopt.reference.adam_update` (tf-keras'
+    Adam): its scalars are :func:`refopt.reference.adam_scalars` (the reference's own
+    rounding, checks and errors), the epsilon-hat form with Keras' moments; ``table``: the
+    whole-table sparse rule (an ``IndexedSlices`` gradient)."""
+    from refopt.reference.adam import adam_scalars
+
+    s = adam_scalars(dtype, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                     epsilon=epsilon, step=step)
+    sc = [0] * 13
+    sc[S_ALPHA], sc[S_C1], sc[S_C2], sc[S_EPS] = (s.alpha, s.one_minus_beta_1,
+                                                  s.one_minus_beta_2, s.epsilon)
+    if table:
+        rule = AMSGRAD_TABLE if amsgrad else ADAM_TABLE
+    else:
+        rule = AMSGRAD if amsgrad else ADAM
+    return RuleCall(rule, scalars(dtype, sc), flags([0, _MOMENTS["keras"]]))
+
+
+def pure_update(apply, apply_sparse, param, grad, m, v, vhat, *, learning_rate, beta_1,
+                beta_2, epsilon, step, lazy=False):
+    """:func:`refopt.reference.adam_update` (``lazy``: :func:`~refopt.reference.lazy_adam_update`
+    with an ``IndexedSlices``) computed by these rules with a backend's one-tensor drivers
+    (``apply(call, param, grad, slots)`` and ``apply_sparse(call, param, grad, slots, lazy)``,
+    both returning ``(param, slots)``): the reference's own argument checks, then one step:
+    dense, the present rows (lazy) or the whole table; returns an ``AdamResult``."""
+    from refopt.indexed_slices import IndexedSlices
+    from refopt.reference._common import as_float_array, check_grad, check_like
+    from refopt.reference.adam import AdamResult
+
+    param = as_float_array("param", param)
+    grad = check_grad(param, grad)
+    m = check_like(param, "m", m)
+    v = check_like(param, "v", v)
+    if vhat is not None:
+        vhat = check_like(param, "vhat", vhat)
+    sparse = isinstance(grad, IndexedSlices)
+    call = tf_keras_call(param.dtype, learning_rate=learning_rate, beta_1=beta_1,
+                         beta_2=beta_2, epsilon=epsilon, step=step, amsgrad=vhat is not None,
+                         table=sparse and not lazy)
+    slots = [m, v] + ([vhat] if vhat is not None else [])
+    with np.errstate(all="ignore"):
+        if sparse:
+            p, out = apply_sparse(call, param, grad, slots, lazy)
+        else:
+            p, out = apply(call, param, grad, slots)
+    return AdamResult(p, out[0], out[1], out[2] if vhat is not None else None)
