@@ -8,12 +8,13 @@ API (:class:`Adam`, :class:`AdamW`, :class:`LazyAdam`, :class:`SGD`), learning-r
 
 from refopt.indexed_slices import IndexedSlices
 from refopt import reference, schedules
-from refopt.optimizers import SGD, Adam, AdamW, LazyAdam, Optimizer, RMSprop
+from refopt.optimizers import SGD, Adagrad, Adam, AdamW, LazyAdam, Optimizer, RMSprop
 from refopt.checkpoint import load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Adagrad",
     "Adam",
     "AdamW",
     "IndexedSlices",

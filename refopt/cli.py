@@ -396,7 +396,7 @@ def _one_line(exc):
 # ---------------------------------------------------------------------------------------------
 # options shared by refopt golden and refopt check
 
-_OPTIMIZER_NAMES = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop")
+_OPTIMIZER_NAMES = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad")
 _DTYPE_NAMES = ("float16", "float32", "float64")
 
 

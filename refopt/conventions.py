@@ -46,6 +46,7 @@ KNOB_VALUES = {
     "ema": ("copy", "keras3", "torch", "none"),
     "step_counter": ("global", "per_variable"),
     "rmsprop_form": ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax"),
+    "adagrad_form": ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax"),
 }
 
 
@@ -134,6 +135,10 @@ class Convention:
         Which framework's RMSprop step (epsilon inside or outside the root, ``rsqrt`` or
         ``sqrt``, ``1 - rho`` rounding, centered denominator order, momentum buffer, defaults):
         see :func:`refopt.reference.rmsprop_update`.
+    adagrad_form : {"tf_keras", "keras3", "keras2", "tf1", "torch", "optax"}
+        Which framework's Adagrad step (epsilon inside or outside the root or none, ``rsqrt``,
+        FMA, how the initial accumulator is rounded, which sparse update, defaults): see
+        :func:`refopt.reference.adagrad_update`.
     keras3_sparse_square : bool
         Reproduce a Keras 3 (TF backend) bug: for an IndexedSlices gradient ``v`` gets the
         sum of the squared duplicate slices instead of the square of their sum. Off in every
@@ -163,6 +168,7 @@ class Convention:
     default_adamw_weight_decay: float
     keras3_sparse_square: bool = False
     rmsprop_form: str = "tf_keras"
+    adagrad_form: str = "tf_keras"
 
     def __post_init__(self):
         for knob, allowed in KNOB_VALUES.items():
@@ -235,6 +241,7 @@ PRESETS = {
     "keras3": _TF_KERAS.replace(
         name="keras3",
         rmsprop_form="keras3",
+        adagrad_form="keras3",
         framework="Keras 3 (keras.optimizers, TensorFlow backend)",
         sparse_adam="densify",
         clip_selection="one_only",
@@ -243,6 +250,7 @@ PRESETS = {
     "keras2": _TF_KERAS.replace(
         name="keras2",
         rmsprop_form="keras2",
+        adagrad_form="keras2",
         framework="Keras 2 legacy OptimizerV2 (tf.keras.optimizers.legacy) and "
         "TF-Addons LazyAdam",
         one_minus_beta="dtype",
@@ -257,6 +265,7 @@ PRESETS = {
     "tf1": _TF_KERAS.replace(
         name="tf1",
         rmsprop_form="tf1",
+        adagrad_form="tf1",
         framework="TF1 tf.compat.v1.train.AdamOptimizer / MomentumOptimizer and the TF1 "
         "contrib LazyAdamOptimizer",
         bias_correction="accumulator",
@@ -295,6 +304,7 @@ PRESETS = {
         epsilon_zero_is_default=False,
         default_adamw_weight_decay=0.01,
         rmsprop_form="torch",
+        adagrad_form="torch",
     ),
     "optax": Convention(
         name="optax",
@@ -319,6 +329,7 @@ PRESETS = {
         epsilon_zero_is_default=False,
         default_adamw_weight_decay=1e-4,
         rmsprop_form="optax",
+        adagrad_form="optax",
     ),
 }
 

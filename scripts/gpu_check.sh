@@ -16,9 +16,9 @@
 #    this device (after link-time optimisation), then of compile_ptx for its capability;
 # 3. the CUDA tests on the device, not the simulator: elementwise results bit for bit against
 #    the reference (every multiply/add is an explicitly rounded libdevice operation, see
-#    refopt/kernels/cuda/_kernels.py), with fewer Hypothesis examples (REFOPT_CUDA_EXAMPLES),
+#    refopt/rules/ops.py), with fewer Hypothesis examples (REFOPT_CUDA_EXAMPLES),
 #    then the tests marked gpu (24 tensors in one launch, torch arrays, repeatable norms);
-# 4. benchmarks/bench_cuda.py (dense Adam on 1e8 float32 against a same-run copy kernel and
+# 4. benchmarks/bench_cuda.py (dense Adam on 1e8 float32 against a same-run device copy and
 #    torch fused Adam, 500 small tensors, lazy Adam on a 4e6 x 64 table).
 # Every step runs even if an earlier one failed (the figures are worth having); each step's
 # full output also goes to $OUT/gpu_check_step*.log ($OUT: the folder the device tool brings

@@ -76,6 +76,19 @@ RMSPROP_ERRORS = (
     ({"learning_rate": None, "convention": "tf1"}, TypeError, r"needs a `learning_rate`"),
 )
 
+ADAGRAD_ERRORS = (
+    ({"initial_accumulator_value": -0.1}, ValueError,
+     r"initial_accumulator_value.*>= 0.*Received: initial_accumulator_value=-0\.1"),
+    ({"epsilon": -1.0}, ValueError, r"epsilon.*>= 0.*Received: epsilon=-1\.0"),
+    ({"epsilon": "1e-7"}, TypeError, r"epsilon.*real number"),
+    ({"lr_decay": 0.1}, ValueError, r"lr_decay.*PyTorch.*Received: lr_decay=0\.1"),
+    ({"learning_rate": 0.1, "epsilon": 1e-7, "convention": "tf1"}, ValueError,
+     r"convention='tf1' has no epsilon.*Received: epsilon=1e-07"),
+    ({"learning_rate": 0.1, "initial_accumulator_value": 0.0, "convention": "tf1"},
+     ValueError, r"initial_accumulator_value.*> 0"),
+    ({"learning_rate": None, "convention": "tf1"}, TypeError, r"needs a `learning_rate`"),
+)
+
 ADAM_CONFIGS = (
     {},
     {"amsgrad": True},
@@ -116,6 +129,17 @@ OPTIMIZERS = (
         ),
         COMMON_ERRORS + RMSPROP_ERRORS,
         ("velocity",),
+    ),
+    OptimizerInfo(
+        refopt.Adagrad,
+        (
+            {},
+            {"learning_rate": 0.1, "initial_accumulator_value": 0.0, "epsilon": 1e-3},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True},
+            {"convention": "torch", "lr_decay": 0.1, "weight_decay": 0.01},
+        ),
+        COMMON_ERRORS + ADAGRAD_ERRORS,
+        ("accumulator",),
     ),
 )
 

@@ -359,30 +359,47 @@ def test_signed_zeros_follow_numpy_maximum_and_minimum(dtype):
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 assembly")
 def test_hot_kernels_are_vectorised_without_fma():
     # fastmath is off, so LLVM must not contract a * b + c into an FMA (one rounding instead of
-    # two would change the bits); and the loops must still vectorise (packed sqrt/div). Compiled
-    # afresh in a subprocess with an empty cache (cached code cannot be inspected).
+    # two would change the bits); and the loops must still vectorise (packed mul/div/sqrt). The
+    # rule drivers' element loops of Adam and SGD with the optimizers' rule calls (their
+    # _span compiles every _loop the dense kernel runs), compiled afresh in a subprocess with
+    # empty caches (cached code cannot be inspected).
     script = textwrap.dedent("""
         import numpy as np
-        from refopt.kernels import cpu
-        from refopt.kernels.cpu import _kernels as K
+        from numba import types
+        import refopt
+        from refopt.kernels.cpu import drivers
+        from refopt.rules.steps import N_PSC
         x = np.ones(64, np.float32)
-        cpu.adam_update(x, x, x, x, x, learning_rate=0.1, beta_1=0.9, beta_2=0.999,
-                        epsilon=1e-7, step=1)
-        cpu.sgd_update(x, x, x, learning_rate=0.1, momentum=0.9)
-        for fn in (K._adam_span, K._sgd_span):
-            asm = fn.inspect_asm(fn.signatures[0])
-            fma = sum(asm.count(op) for op in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"))
-            packed = asm.count("vdivps")
-            print(fn.py_func.__name__, fma, packed)
+        for opt in (refopt.Adam(0.1), refopt.SGD(0.1, momentum=0.9)):
+            rc = opt.update_rule(np.float32, 0.1, 1)
+            mod = drivers.kernels(rc.rule, rc.fl, 0, bool(rc.tail_lanes))
+            slots = [x.copy() for _ in rc.rule.slots]
+            one = np.float32(1)
+            mod._span(x.copy(), x, *slots, x.copy(), 0, 64, 0, 0, 0, 0, 64, one, one, one,
+                      False, np.zeros(N_PSC, np.float32), rc.sc, tuple(int(f) for f in rc.fl))
+            for sig in mod._loop.signatures:
+                asm = mod._loop.inspect_asm(sig)
+                fma = sum(asm.count(op) for op in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"))
+                # _loop(P, G, *slots, A, cmode, dmode, emode, c, d, s, ow, psc, sc, fl, tail)
+                common = all(isinstance(t, types.Literal) for t in sig[-11:-8])
+                print(rc.rule.name, int(common), fma, asm.count("vmulps"), asm.count("vdivps"),
+                      asm.count("vsqrtps"))
     """)
     with tempfile.TemporaryDirectory() as cache:
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             env={**os.environ, "NUMBA_CACHE_DIR": cache}, timeout=300)
+                             env={**os.environ, "NUMBA_CACHE_DIR": cache,
+                                  "REFOPT_KERNEL_CACHE": cache}, timeout=300)
     assert out.returncode == 0, out.stderr
+    seen = set()
     for line in out.stdout.splitlines():
-        name, fma, packed = line.split()
-        assert int(fma) == 0, f"{name} has FMA instructions"
-        assert int(packed) > 0, f"{name} is not vectorised"
+        rule, common, fma, mul, div, sqrt = line.split()
+        assert int(fma) == 0, f"the {rule} loop has FMA instructions"
+        if common == "1":  # the common case's loop (literal modes) vectorises
+            seen.add(rule)
+            assert int(mul) > 0, f"the {rule} loop is not vectorised"
+            if rule == "adam":
+                assert int(div) > 0 and int(sqrt) > 0, "the adam loop is not vectorised"
+    assert seen == {"adam", "sgd"}
 
 
 @pytest.mark.parametrize("dtype", FAST)

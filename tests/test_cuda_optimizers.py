@@ -19,7 +19,7 @@ tree) and is compared bit for bit.
 On a real GPU the same comparisons are bit for bit too: every multiply, add and subtract in
 the kernels is an explicitly rounded libdevice operation (``mul.rn``, ``add.rn``,
 ``sub.rn``), which NVVM does not contract into an FMA although its default ``-fma=1``
-contracts plain ``a * b + c`` (``refopt.kernels.cuda._kernels.ops``; the PTX is audited by
+contracts plain ``a * b + c`` (``refopt.rules.ops.register_cuda``; the PTX is audited by
 ``tests/test_cuda_ptx.py``), and ``/`` and ``math.sqrt`` are ``div.rn`` and ``sqrt.rn``
 without ``fastmath``. ``tests/conftest.py`` skips every ``gpu`` test on the simulator; each
 also checks for a device itself.
@@ -455,8 +455,6 @@ def test_launch_config_accepts_numpy_ints_and_bounds_every_launcher(monkeypatch)
 def test_launch_grids_are_python_ints_even_from_numpy_config(monkeypatch):
     # Regression (device review): a GPU launch refuses NumPy integers in the grid (cuda.core
     # LaunchConfig), the simulator accepts them; config values may be NumPy ints.
-    from refopt.kernels.cuda import _kernels
-
     monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", np.int64(4))
     monkeypatch.setattr(kc.config, "ITEMS_PER_THREAD", np.int32(2))
     monkeypatch.setattr(kc.config, "MAX_BLOCKS", np.int64(3))
@@ -470,10 +468,6 @@ def test_launch_grids_are_python_ints_even_from_numpy_config(monkeypatch):
             seen.append(launch)
             return self.kernel[launch]
 
-    K = _kernels.get(4, 2, np.float32)
-    for name in ("adam_multi", "sgd_multi", "lazy_adam_rows", "adam_sparse_table", "ema_k",
-                 "sumsq_blocks", "copy_k", "clip_k"):
-        monkeypatch.setattr(K, name, Record(getattr(K, name)))
     names = []
     wrap_rule_kernels(monkeypatch, lambda kernel, name, ks: names.append(name) or Record(kernel))
     w, t = kc.to_device(np.ones(40, np.float32)), kc.to_device(np.ones((6, 2), np.float32))
@@ -485,7 +479,8 @@ def test_launch_grids_are_python_ints_even_from_numpy_config(monkeypatch):
     lazy.apply_gradients([(IndexedSlices(np.ones((2, 2), np.float32), [1, 4], (6, 2)), t)])
     kc.clip_by_value(np.ones(9, np.float32), 0.5)
     kc.global_norm([np.ones(9, np.float32)])
-    assert {"dense", "rows", "leaf_sums"} <= set(names)
+    kc.ema_dense(w, kc.to_device(np.ones(40, np.float32)), ema_momentum=0.9)
+    assert {"dense", "rows", "table", "leaf_sums"} <= set(names)
     assert len(seen) >= 7
     for launch in seen:
         assert all(type(x) is int for x in launch), launch
@@ -705,7 +700,7 @@ class _CountLaunches:
 
 def wrap_rule_kernels(monkeypatch, wrap):
     """Put ``wrap(kernel, name, ks)`` in place of every rule-driver kernel the step uses
-    (``name``: ``"dense"``, ``"rows"`` or ``"leaf_sums"``; ``ks`` the
+    (``name``: ``"dense"``, ``"rows"``, ``"table"`` or ``"leaf_sums"``; ``ks`` the
     :class:`refopt.kernels.cuda.drivers.Kernels`, None for the leaf sums)."""
     import copy
 
@@ -718,6 +713,7 @@ def wrap_rule_kernels(monkeypatch, wrap):
         stand_in = copy.copy(ks)
         stand_in.dense = wrap(ks.dense, "dense", ks)
         stand_in.rows = wrap(ks.rows, "rows", ks)
+        stand_in.table = wrap(ks.table, "table", ks)
         return stand_in
 
     monkeypatch.setattr(drivers, "kernels", kernels)

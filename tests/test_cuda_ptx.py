@@ -2,9 +2,10 @@
 
 - The PTX parsers (parameter block size, float instruction counts, the audit rules) on small
   hand-written PTX texts: they run everywhere.
-- ``kernel_signatures`` (the argument types the audit compiles with) against the arguments
-  of real launches, recorded on the simulator while the optimizers and the mirror functions
-  run: if a launcher changes what it passes, the audit would compile something else.
+- ``rule_kernel_signatures`` (the argument types the audit compiles with) against the
+  arguments of real launches, recorded on the simulator while the optimizers, the launchers
+  and the mirror functions run: if a launcher changes what it passes, the audit would compile
+  something else.
 - The audit itself, in a subprocess with ``NUMBA_ENABLE_CUDASIM=0`` (numba reads it once per
   process and this one runs the simulator): every kernel compiles to PTX for sm_80, sm_90 and
   sm_100
@@ -134,34 +135,21 @@ def _numba_type(a):
 @pytest.mark.skipif(not kc.simulator, reason="records launches on the simulator")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_kernel_signatures_are_those_of_real_launches(dtype, monkeypatch):
-    from refopt.kernels.cuda import _kernels
+    from test_cuda_optimizers import wrap_rule_kernels
 
     monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 4)
     monkeypatch.setattr(kc.config, "ITEMS_PER_THREAD", 2)
-    K = _kernels.get(4, 2, dtype)
-    expected = ptx.kernel_signatures(dtype, kc.config.TENSORS_PER_LAUNCH)
-    log = []
-    for name in expected:
-        monkeypatch.setattr(K, name, _Record(getattr(K, name), name, log))
     rng = np.random.default_rng(3)
     shapes = [(3,), (2, 2)]
 
     def host():
         return [rng.standard_normal(s).astype(dtype) for s in shapes]
 
-    for opt in (refopt.Adam(0.1, amsgrad=True, weight_decay=0.1, clipnorm=1.0, use_ema=True,
-                            ema_overwrite_frequency=1, backend="cuda"),
-                refopt.SGD(0.1, momentum=0.9, nesterov=True, global_clipnorm=1.0,
-                           use_ema=True, backend="cuda")):
-        ws = [kc.to_device(h) for h in host()]
-        opt.apply_gradients(zip([kc.to_device(g) for g in host()], ws))
     rule_log = []
 
     def record_rule(kernel, name, ks):
         arity = ks.rule.arity if ks is not None else 1
         return _Record(kernel, (name, arity), rule_log)
-
-    from test_cuda_optimizers import wrap_rule_kernels
 
     wrap_rule_kernels(monkeypatch, record_rule)
     for opt in (refopt.Adam(0.1, amsgrad=True, weight_decay=0.1, clipnorm=1.0, use_ema=True,
@@ -173,7 +161,8 @@ def test_kernel_signatures_are_those_of_real_launches(dtype, monkeypatch):
         ws = [kc.to_device(h) for h in host()]
         opt.apply_gradients(zip([kc.to_device(g) for g in host()], ws))
     for opt in (refopt.Adam(0.1, amsgrad=True, weight_decay=0.1, backend="cuda"),
-                refopt.SGD(0.1, momentum=0.9, backend="cuda")):  # non-lazy sparse
+                refopt.Adam(0.1, backend="cuda"),
+                refopt.SGD(0.1, momentum=0.9, backend="cuda")):  # non-lazy sparse: tables
         table = kc.to_device(rng.standard_normal((5, 2)).astype(dtype))
         opt.apply_gradients([(IndexedSlices(rng.standard_normal((3, 2)).astype(dtype),
                                             np.array([4, 0, 4]), (5, 2)), table)])
@@ -196,20 +185,23 @@ def test_kernel_signatures_are_those_of_real_launches(dtype, monkeypatch):
     kc.global_norm([g])
     kc.apply_weight_decay(p, learning_rate=0.1, weight_decay=0.1)
     kc.ema_update(p, g, ema_momentum=0.9)
-    launched = {}
-    for name, sig in log:
-        launched.setdefault(name, set()).add(sig)
-    assert set(launched) == set(expected), "a kernel was not launched by the drive above"
-    for name, sigs in launched.items():
-        assert sigs == {expected[name]}, name
-    # the rule drivers' kernels, for rules of 1, 2 and 3 slots
+    # the launchers on device arrays
+    P, G, M, V = (kc.to_device(a) for a in (p, g, m, v))
+    kc.adam_dense(P, G, M, V, learning_rate=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                  step=2, weight_decay=0.1, clip=(2, 1.0, 3.0), average=kc.to_device(p),
+                  ema_momentum=0.9)
+    kc.sgd_dense(P, G, M, learning_rate=0.1, momentum=0.9)
+    kc.decay_dense(kc.to_device(g), P, learning_rate=0.1, weight_decay=0.1)
+    kc.ema_dense(kc.to_device(g), P, ema_momentum=0.9, overwrite=True)
+    kc.clip_dense(kc.to_device(g), G, 3, gscale=0.5)
     width = kc.config.TENSORS_PER_LAUNCH
     seen = set()
     for (name, arity), sig in rule_log:
         assert sig == ptx.rule_kernel_signatures(dtype, width, arity)[name], (name, arity)
         seen.add((name, arity))
-    assert {("dense", 1), ("dense", 2), ("dense", 3), ("rows", 2), ("rows", 3),
-            ("leaf_sums", 1)} <= seen
+    # the rule drivers' kernels for rules of 0 (the steps), 1, 2 and 3 slots
+    assert {("dense", 0), ("dense", 1), ("dense", 2), ("dense", 3), ("rows", 2), ("rows", 3),
+            ("table", 1), ("table", 2), ("table", 3), ("leaf_sums", 1)} <= seen
 
 
 # ---------------------------------------------------------------------------------------
@@ -243,29 +235,33 @@ def test_every_kernel_compiles_to_ptx_without_fma_or_approximations():
     # numba-cuda compiled for the target asked for (it clamps unknown newer ones)
     assert {(k["cc"], k["target"]) for k in report["kernels"]} == {
         ("8.0", "sm_80"), ("9.0", "sm_90"), ("10.0", "sm_100")}
-    hand_written = set(ptx.kernel_signatures(np.float32, 24))
-    rules = {f"rule {'rows' if v[5] else 'dense'}: {v[0]}" for v in ptx.rule_variants()}
+    kinds = {v[0]: v[5] for v in ptx.rule_variants()}
+    rules = {f"rule {kind}: {label}" for label, kind in kinds.items()}
     rules.add("rule leaf_sums")
+    assert {k.split(":")[0] for k in rules} == {"rule dense", "rule rows", "rule table",
+                                                 "rule leaf_sums"}
     for cc in ("8.0", "9.0", "10.0"):
         for dt in ("float16", "float32", "float64"):
             names = {k["name"] for k in report["kernels"] if (k["cc"], k["dtype"]) == (cc, dt)}
-            # every hand-written kernel; every rule variant at the first cc, one per form at
-            # the others
+            # every rule variant at the first cc, one per form at the others
             expect = rules if cc == "8.0" else {
-                f"rule {'rows' if 'rows' in label else 'dense'}: {label}"
+                f"rule {kinds[label]}: {label}"
                 for label in ptx.REPRESENTATIVE_RULES} | {"rule leaf_sums"}
-            assert names == hand_written | expect, (cc, dt)
+            assert names == expect, (cc, dt)
     # every convention's Adam forms and SGD forms are among the rule variants
     assert {"rule dense: torch Adam wd", "rule dense: optax AdamW AMSGrad",
             "rule dense: tf_keras AdamW", "rule rows: torch LazyAdam rows",
             "rule dense: torch SGD Nesterov", "rule dense: optax SGD Nesterov",
-            "rule dense: tf1 SGD Nesterov", "rule dense: torch Adam EMA 0.2"} <= rules
+            "rule dense: tf1 SGD Nesterov", "rule dense: torch Adam EMA 0.2",
+            "rule table: tf_keras AdamW AMSGrad table", "rule table: tf_keras SGD table",
+            "rule dense: step clip by norm", "rule dense: step decay",
+            "rule dense: step ema"} <= rules
     # float16 computes in float32: no float16 arithmetic instruction at all.
     for k in report["kernels"]:
         if k["dtype"] == "float16":
             assert not [op for op in k["float_ops"] if op.endswith(".f16")], k
     # The elementwise kernels round every multiply and add explicitly.
-    for name in ("adam_multi", "rule dense: tf_keras Adam"):
+    for name in ("rule dense: tf_keras Adam", "rule table: tf_keras Adam table"):
         adam = next(k for k in report["kernels"]
                     if k["name"] == name and k["dtype"] == "float32")
         assert adam["float_ops"].get("mul.rn.f32", 0) > 0
@@ -280,7 +276,7 @@ def test_every_kernel_compiles_to_ptx_without_fma_or_approximations():
             o for o in torch["float_ops"] if o.startswith(("fma", "mad"))], torch
     # 24 tensors (two descriptors of 56 bytes each) plus the rest fit in 4 KiB.
     for k in report["kernels"]:
-        if k["name"] in ("adam_multi", "sgd_multi") or k["name"].startswith("rule dense"):
+        if k["name"].startswith("rule dense"):
             assert 24 * 2 * 56 < k["param_bytes"] <= ptx.PARAM_LIMIT, k
 
 

@@ -803,6 +803,16 @@ def _reference_call(draw, name):
         return ref.rmsprop_initial_state, (p,), {
             "momentum": kw["momentum"], "centered": kw["centered"],
             "convention": kw["convention"]}
+    if name == "adagrad_update":
+        kw, acc = draw(adagrad_call(dtype, shape))
+        if kw["convention"] == "optax" or not shape:  # no sparse gradients there
+            g = draw(hnp.arrays(dtype, shape, elements=wild))
+        return ref.adagrad_update, (p, g, acc), kw
+    if name == "adagrad_initial_state":
+        kw, _ = draw(adagrad_call(dtype, shape))
+        return ref.adagrad_initial_state, (p,), {
+            "initial_accumulator_value": draw(st.sampled_from([None, 0.0, 0.1, 1.0])),
+            "convention": kw["convention"]}
     if name == "ema_update":
         return ref.ema_update, (p, draw(float_arrays(dtype, shape))), {
             "ema_momentum": draw(st.floats(0.0, 1.0))}
@@ -824,7 +834,7 @@ def _reference_call(draw, name):
 REFERENCE_FUNCTIONS = (
     "adam_update", "lazy_adam_update", "sgd_update", "ema_update", "apply_weight_decay",
     "clip_by_value", "clip_by_norm", "clip_by_global_norm", "global_norm", "rmsprop_update",
-    "rmsprop_initial_state",
+    "rmsprop_initial_state", "adagrad_update", "adagrad_initial_state",
 )
 
 
@@ -849,11 +859,31 @@ def rmsprop_call(draw, dtype, shape):
     return kw, (v, b, a)
 
 
+@st.composite
+def adagrad_call(draw, dtype, shape):
+    """(keyword arguments, accumulator) of a valid Adagrad call under any convention's form
+    (the accumulator any non-negative array: a sum of squares)."""
+    from refopt.conventions import PRESETS, get_convention
+
+    conv = draw(st.sampled_from(sorted(PRESETS)))
+    kw = {"learning_rate": draw(learning_rates),
+          "epsilon": None if conv == "tf1" else draw(st.sampled_from([1e-7, 1e-10, 1e-3, 0.0])),
+          "convention": conv}
+    if conv == "torch":
+        kw["lr_decay"] = draw(st.sampled_from([0.0, 0.1]))
+        kw["step"] = draw(st.integers(1, 5))
+    if conv == "keras3" and draw(st.booleans()):
+        kw["convention"] = get_convention("keras3", keras3_sparse_square=True)
+    acc = np.asarray(draw(float_arrays(dtype, shape, nonneg=True)))  # np.abs of 0-d: scalar
+    return kw, acc
+
+
 def test_reference_function_list_is_complete():
     # adam_scalars takes only a dtype and Python numbers: nothing it could mutate.
     public = {n for n in ref.__all__ if callable(getattr(ref, n)) and n[0].islower()}
-    # initial_velocity takes only a convention and a dtype.
-    assert public - {"adam_scalars", "initial_velocity"} == set(REFERENCE_FUNCTIONS)
+    # initial_velocity and initial_accumulator take only a convention, a dtype and a number.
+    assert public - {"adam_scalars", "initial_velocity", "initial_accumulator"} == set(
+        REFERENCE_FUNCTIONS)
 
 
 @pytest.mark.parametrize("name", REFERENCE_FUNCTIONS)

@@ -281,6 +281,93 @@ CASES += [
        api="optax.rmsprop(eps_in_sqrt=False) (jit)", variant=dict(eps_in_sqrt=False)),
 ]
 
+# ---- Adagrad: every convention with the framework's own initial accumulator and epsilon (lr
+# 0.01, which TF1 and optax require), float32 and float64; a non-default initial accumulator;
+# sparse IndexedSlices (lazy: only the present rows move) where the framework takes them.
+_AG = dict(learning_rate=0.01)
+_AG_API = {
+    TF: "tf_keras.optimizers.Adagrad",
+    K3: "keras.optimizers.Adagrad",
+    K2: "tf.keras.optimizers.legacy.Adagrad",
+    TF1: "tf.compat.v1.train.AdagradOptimizer",
+    TORCH: "torch.optim.Adagrad (for-loop)",
+    OPTAX: "optax.adagrad (jit)",
+}
+# The non-default initial accumulator: 0 where the framework allows it (then epsilon is all
+# that keeps the first step finite), TF1 (which requires > 0) 1.0, torch (default 0) 0.1.
+_AG_IAV = {TF: 0.0, K3: 0.0, K2: 0.0, TF1: 1.0, TORCH: 0.1, OPTAX: 0.0}
+# Tolerances (measured with refopt.reference.adagrad_update, resync every step; every
+# differing element is reproduced exactly with the framework's root moved by 1 ulp; the
+# bound is the measured maximum rounded up to a power of two, larger where w - step cancels).
+_RSQRT_TF1 = ("TF's CPU rsqrt is not correctly rounded (Eigen's hardware estimate and Newton "
+              "step; 1/sqrt in a vector loop's scalar tail)")
+_AG_TOL = {
+    "tf1/adagrad_f32": (1, f"1 ulp (measured 1): {_RSQRT_TF1}"),
+    "tf1/adagrad_iav_f32": (1, f"1 ulp (measured 1): {_RSQRT_TF1}"),
+    "tf1/adagrad_lr1_f32": (64, f"64 ulp (measured 64): {_RSQRT_TF1}{_CANCEL}"),
+    "tf1/adagrad_sparse_lr1_f32": (8, f"8 ulp (measured 8): {_RSQRT_TF1}{_CANCEL}"),
+    "torch/adagrad_iav_f32": (1, f"1 ulp (measured 1): {_SQRT_MKL}"),
+    "torch/adagrad_lr_decay_none_f32": (1, f"1 ulp (measured 1): {_SQRT_MKL}"),
+    "torch/adagrad_wide_f32": (2, f"2 ulp (measured 2): {_SQRT_MKL}{_CANCEL}"),
+    "torch/adagrad_sparse_wide_f32": (
+        16, "16 ulp (measured 10): the sparse branch's sqrt_ is MKL's, not correctly rounded "
+            f"(1 ulp off on some elements){_CANCEL}"),
+    "optax/adagrad_f64": (1, "1 ulp (measured 1): XLA:CPU's float64 rsqrt under jit is not "
+                             "correctly rounded (1 ulp off on some elements)"),
+}
+
+
+def _ag_tol(id):
+    tol, why = _AG_TOL.get(id, (0, ""))
+    return dict(tol=tol, why=why)
+
+
+CASES += [
+    _c(f"{conv}/adagrad_{dt[0]}{dt[-2:]}", conv, "Adagrad", dict(_AG), dtype=dt,
+       api=_AG_API[conv], **_ag_tol(f"{conv}/adagrad_{dt[0]}{dt[-2:]}"))
+    for conv in (TF, K3, K2, TF1, TORCH, OPTAX)
+    for dt in ("float32", "float64")
+] + [
+    _c(f"{conv}/adagrad_iav_f32", conv, "Adagrad",
+       dict(_AG, initial_accumulator_value=_AG_IAV[conv]), api=_AG_API[conv],
+       **_ag_tol(f"{conv}/adagrad_iav_f32"))
+    for conv in (TF, K3, K2, TF1, TORCH, OPTAX)
+] + [
+    _c(f"{conv}/adagrad_sparse_f32", conv, "Adagrad", dict(_AG), shapes=_TABLE, grads="sparse",
+       api=_AG_API[conv] + " on IndexedSlices" if conv != TORCH else
+       "torch.optim.Adagrad (for-loop) on a sparse COO gradient",
+       knobs=dict(keras3_sparse_square=True) if conv == K3 else None,
+       **_ag_tol(f"{conv}/adagrad_sparse_f32"))
+    for conv in (TF, K3, K2, TF1, TORCH)
+] + [
+    # learning rate 1: the step is as large as the variable, so a 1-ulp difference in the
+    # step shows in the variable (at 0.01 it is absorbed); TF's sparse kernel takes
+    # (lr*g)*rsqrt(acc) on rows of several elements but lr*g/sqrt(acc) on one-element rows
+    _c("tf1/adagrad_sparse_lr1_f32", TF1, "Adagrad", dict(learning_rate=1.0), shapes=_TABLE,
+       grads="sparse", api="tf.compat.v1.train.AdagradOptimizer on IndexedSlices",
+       **_ag_tol("tf1/adagrad_sparse_lr1_f32")),
+    _c("tf1/adagrad_sparse_1d_f32", TF1, "Adagrad", dict(learning_rate=1.0), shapes=[(12,)],
+       grads="sparse",
+       api="tf.compat.v1.train.AdagradOptimizer on IndexedSlices of a 1-D variable",
+       **_ag_tol("tf1/adagrad_sparse_1d_f32")),
+    _c("tf1/adagrad_lr1_f32", TF1, "Adagrad", dict(learning_rate=1.0),
+       api="tf.compat.v1.train.AdagradOptimizer", **_ag_tol("tf1/adagrad_lr1_f32")),
+    _c("torch/adagrad_wide_f32", TORCH, "Adagrad", dict(_AG), shapes=[(8, 37), (100,)],
+       api="torch.optim.Adagrad (for-loop), tensors wider than a vector register",
+       **_ag_tol("torch/adagrad_wide_f32")),
+    _c("torch/adagrad_sparse_wide_f32", TORCH, "Adagrad", dict(_AG), shapes=[(8, 37)],
+       grads="sparse", api="torch.optim.Adagrad (for-loop) on a sparse COO gradient",
+       **_ag_tol("torch/adagrad_sparse_wide_f32")),
+    _c("torch/adagrad_lr_decay_none_f32", TORCH, "Adagrad", dict(_AG, lr_decay=0.1),
+       grads="dense_none", api="torch.optim.Adagrad(lr_decay=0.1) (per-parameter steps)",
+       **_ag_tol("torch/adagrad_lr_decay_none_f32")),
+    _c("torch/adagrad_l2_f32", TORCH, "Adagrad", dict(_AG, weight_decay=0.1),
+       api="torch.optim.Adagrad(weight_decay=0.1) (L2 coupling)",
+       **_ag_tol("torch/adagrad_l2_f32")),
+    _c("tf_keras/adagrad_wd_f32", TF, "Adagrad", dict(_AG, weight_decay=0.1),
+       api="tf_keras.optimizers.Adagrad(weight_decay=0.1)", **_ag_tol("tf_keras/adagrad_wd_f32")),
+]
+
 _BY_ID = {c["id"]: c for c in CASES}
 assert len(_BY_ID) == len(CASES), "duplicate case ids"
 
@@ -347,5 +434,6 @@ def _sparse_grad(rng, shape, k, dtype):
 
 #: Slot names in the recorded files (refopt's names): ``m``, ``v``, ``vhat`` (Adam family),
 #: ``m`` (SGD momentum buffer), ``average`` (EMA); RMSprop: ``velocity`` (the mean square),
-#: ``momentum``, ``average_gradient`` (centered).
-SLOT_NAMES = ("m", "v", "vhat", "average", "velocity", "momentum", "average_gradient")
+#: ``momentum``, ``average_gradient`` (centered); Adagrad: ``accumulator`` (the sum of squares).
+SLOT_NAMES = ("m", "v", "vhat", "average", "velocity", "momentum", "average_gradient",
+              "accumulator")

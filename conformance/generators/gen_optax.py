@@ -16,6 +16,7 @@ the transformation's ``update`` under ``jax.jit`` (updates and state) and then
 * ``optax.rmsprop``:          ``nu`` -> ``velocity``; centered (``scale_by_stddev``) ``mu`` ->
                               ``average_gradient``; with momentum ``trace`` -> ``momentum``
                               (``rho`` is optax's ``decay``; ``variant`` may set ``eps_in_sqrt``)
+* ``optax.adagrad``:          ``sum_of_squares`` (``scale_by_rss``) -> ``accumulator``
 
 float64 cases need ``jax_enable_x64``, which must be set before JAX computes anything and which
 also changes how Python-float hyperparameters promote (the float32 cases must run without it).
@@ -52,6 +53,8 @@ _ADAM_KEYS = {"learning_rate": "learning_rate", "beta_1": "b1", "beta_2": "b2",
               "epsilon": "eps"}
 _RMSPROP_KEYS = {"learning_rate": "learning_rate", "rho": "decay", "epsilon": "eps",
                  "momentum": "momentum", "centered": "centered", "eps_in_sqrt": "eps_in_sqrt"}
+_ADAGRAD_KEYS = {"learning_rate": "learning_rate",
+                 "initial_accumulator_value": "initial_accumulator_value", "epsilon": "eps"}
 _WRAPPER_KEYS = {"global_clipnorm", "clipvalue"}
 
 
@@ -97,6 +100,8 @@ def build_transformation(case):
             # optax would still chain trace(decay=0); Keras' momentum=0 means no momentum at all
             raise ValueError(f"{case['id']}: leave momentum out (optax's None) instead of 0")
         tx = optax.rmsprop(**_kwargs(case, _RMSPROP_KEYS))
+    elif name == "Adagrad":
+        tx = optax.adagrad(**_kwargs(case, _ADAGRAD_KEYS))
     else:
         raise ValueError(f"{case['id']}: optimizer {name!r} is not mapped for optax")
     before = []
@@ -130,7 +135,12 @@ def record_slots(state, n, optimizer=None):
         found[name] = [np.array(x) for x in leaves]
 
     for s in _walk_states(state):
-        if rms and isinstance(s, optax.ScaleByRmsState):
+        if optimizer == "Adagrad":
+            if isinstance(s, optax.ScaleByRssState):
+                put("accumulator", s.sum_of_squares)
+            elif getattr(s, "_fields", ()):
+                raise ValueError(f"unexpected optax state {type(s).__name__} in adagrad")
+        elif rms and isinstance(s, optax.ScaleByRmsState):
             put("velocity", s.nu)
         elif rms and isinstance(s, optax.ScaleByRStdDevState):
             put("average_gradient", s.mu), put("velocity", s.nu)

@@ -59,7 +59,7 @@ def _build_optimizer(case, tf_keras, keras):
     if isinstance(lr, dict):  # a serialized schedule
         hyper["learning_rate"] = mod.schedules.deserialize(lr)
     cls = {"Adam": mod.Adam, "AdamW": mod.AdamW, "SGD": mod.SGD,
-           "RMSprop": mod.RMSprop}[case["optimizer"]]
+           "RMSprop": mod.RMSprop, "Adagrad": mod.Adagrad}[case["optimizer"]]
     return cls(**hyper)
 
 
@@ -91,6 +91,8 @@ def _record_slots(case, opt, variables):
             out["momentum"] = [opt._momentums[i] for i in idx]
         if opt._average_gradients:
             out["average_gradient"] = [opt._average_gradients[i] for i in idx]
+    elif case["optimizer"] == "Adagrad":
+        out["accumulator"] = [opt._accumulators[i] for i in idx]
     else:
         raise ValueError(case["optimizer"])
     if hyper.get("use_ema", False):

@@ -48,6 +48,7 @@ def _keras2_optimizer(case, tf, tfa):
         hyper["learning_rate"] = tf.keras.optimizers.schedules.deserialize(lr)
     cls = {"Adam": tf.keras.optimizers.legacy.Adam, "SGD": tf.keras.optimizers.legacy.SGD,
            "RMSprop": tf.keras.optimizers.legacy.RMSprop,
+           "Adagrad": tf.keras.optimizers.legacy.Adagrad,
            "LazyAdam": tfa.optimizers.LazyAdam}[case["optimizer"]]
     return cls(**hyper)  # epsilon=0.0 goes in as is (legacy Adam turns it into 1e-7)
 
@@ -70,6 +71,8 @@ def _keras2_slot_names(case):
         if hyper.get("centered", False):
             names.append(("mg", "average_gradient"))
         return names
+    if case["optimizer"] == "Adagrad":
+        return [("accumulator", "accumulator")]
     raise ValueError(case["optimizer"])
 
 
@@ -154,7 +157,7 @@ def _emulated_lazy_adam_class(tf):
 def _tf1_optimizer(case, tf):
     hyper = dict(case["hyperparameters"])
     known = {"learning_rate", "beta_1", "beta_2", "epsilon", "momentum", "nesterov",
-             "global_clipnorm", "rho", "centered"}
+             "global_clipnorm", "rho", "centered", "initial_accumulator_value"}
     unknown = set(hyper) - known
     if unknown:
         raise ValueError(f"{case['id']}: no TF1 equivalent for {sorted(unknown)}")
@@ -179,6 +182,13 @@ def _tf1_optimizer(case, tf):
         if hyper.get("centered", False):
             names.append(("mg", "average_gradient"))
         return tf.compat.v1.train.RMSPropOptimizer(**kw), names
+    if case["optimizer"] == "Adagrad":
+        kw = {"learning_rate": hyper["learning_rate"]}
+        if "initial_accumulator_value" in hyper:
+            kw["initial_accumulator_value"] = hyper["initial_accumulator_value"]
+        if "epsilon" in hyper:
+            raise ValueError(f"{case['id']}: TF1's AdagradOptimizer has no epsilon")
+        return tf.compat.v1.train.AdagradOptimizer(**kw), [("accumulator", "accumulator")]
     if case["optimizer"] == "SGD":
         momentum = hyper.get("momentum", 0.0)
         if momentum == 0.0:

@@ -14,6 +14,7 @@ with :func:`store.save_case` under refopt's slot names:
 * SGD:          ``momentum_buffer`` -> ``m`` (torch creates it at the first step with momentum)
 * RMSprop:      ``square_avg`` -> ``velocity``, ``momentum_buffer`` -> ``momentum`` (momentum > 0),
                 ``grad_avg`` -> ``average_gradient`` (centered); ``rho`` is torch's ``alpha``
+* Adagrad:      ``sum`` -> ``accumulator`` (dense or sparse COO gradients)
 * EMA:          the parameters of ``AveragedModel(multi_avg_fn=get_ema_multi_avg_fn(d))``,
                 updated after every optimizer step -> ``average``
 
@@ -57,6 +58,10 @@ _OPTIMIZERS = {
                               "nesterov": "nesterov"}, False),
     "RMSprop": (torch.optim.RMSprop, {"learning_rate": "lr", "rho": "alpha", "epsilon": "eps",
                                       "momentum": "momentum", "centered": "centered"}, False),
+    "Adagrad": (torch.optim.Adagrad, {"learning_rate": "lr", "epsilon": "eps",
+                                      "initial_accumulator_value": "initial_accumulator_value",
+                                      "lr_decay": "lr_decay", "weight_decay": "weight_decay"},
+                False),
 }
 # Handled around the optimizer rather than passed to it.
 _WRAPPER_KEYS = {"global_clipnorm", "clipvalue", "use_ema", "ema_momentum"}
@@ -67,6 +72,8 @@ _STATE_SLOTS = {"exp_avg": "m", "exp_avg_sq": "v", "max_exp_avg_sq": "vhat",
 # RMSprop's state under refopt's RMSprop slot names
 _RMSPROP_SLOTS = {"square_avg": "velocity", "momentum_buffer": "momentum",
                   "grad_avg": "average_gradient"}
+# Adagrad's state: "sum" (created in the constructor, filled with initial_accumulator_value)
+_ADAGRAD_SLOTS = {"sum": "accumulator"}
 
 
 def versions():
@@ -122,13 +129,15 @@ def run_case(case):
         decay = {"decay": hyper["ema_momentum"]} if "ema_momentum" in hyper else {}
         ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(**decay))
     sparse_expected = isinstance(optimizer, torch.optim.SparseAdam)
+    either = isinstance(optimizer, torch.optim.Adagrad)  # takes dense and sparse gradients
 
     recorded_params = []
-    state_slots = _RMSPROP_SLOTS if case["optimizer"] == "RMSprop" else _STATE_SLOTS
+    state_slots = {"RMSprop": _RMSPROP_SLOTS, "Adagrad": _ADAGRAD_SLOTS}.get(
+        case["optimizer"], _STATE_SLOTS)
     slots = {name: [] for name in (*sorted(set(state_slots.values())), "average")}
     for row in grads:
         for p, g in zip(params, row):
-            if isinstance(g, tuple) != sparse_expected and g is not None:
+            if isinstance(g, tuple) != sparse_expected and g is not None and not either:
                 raise ValueError(f"{case['id']}: gradient kind does not fit {type(optimizer)}")
             p.grad = to_torch_grad(g, p.shape, dtype)
         if "global_clipnorm" in hyper:

@@ -9,7 +9,8 @@
 ``param/{k}/{i}``                 the variable after step ``k``
 ``slot/{name}/{k}/{i}``           state after step ``k`` under refopt's slot name
                                   (``m``, ``v``, ``vhat``, ``average``; RMSprop: ``velocity``,
-                                  ``momentum``, ``average_gradient``)
+                                  ``momentum``, ``average_gradient``; Adagrad:
+                                  ``accumulator``)
 
 ``manifest.json``: ``{"format": 1, "cases": [entry, ...]}``, entries sorted by id; an entry is the
 case of ``cases.py`` plus ``file``, ``framework``, ``framework_version`` (a dict of package
@@ -73,7 +74,7 @@ def save_case(case, *, framework, versions, init, grads, params, slots, emulated
             arrays[f"param/{k}/{i}"] = p
     for name, per_step in slots.items():
         assert name in ("m", "v", "vhat", "average", "velocity", "momentum",
-                        "average_gradient"), name
+                        "average_gradient", "accumulator"), name
         for k, row in enumerate(per_step, start=1):
             for i, s in enumerate(row):
                 if s is None:

@@ -43,7 +43,8 @@ plan of :mod:`refopt.executors.plan` (the same plan and rules as ``backend="cpu"
   step). Lazy optimizers (LazyAdam; SGD under TF1) run the rule's ``rows`` kernel on the
   present rows (duplicates summed after clipping, in order of appearance; SparseAdam's rule
   under PyTorch). Non-lazy ones do what their ``_update_step`` does: tf-keras' whole-table
-  updates (``_kernels.adam_sparse_table`` / ``sgd_sparse_table``), or the dense update on
+  updates (the rule drivers' ``table`` kernels, through ``kc.adam_sparse`` /
+  ``kc.sgd_sparse``), or the dense update on
   ``to_dense()`` (Keras 3's Adam, PyTorch's and optax's SGD).
 - **The host path** (:func:`_host_step`, with one :class:`HostStepWarning` per optimizer and
   reason): what a single fused pass cannot express runs the reference's staged step on host

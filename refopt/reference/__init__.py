@@ -6,6 +6,12 @@ the scalar rounding of the framework each function names in its docstring. The f
 (``refopt.kernels``) have the same signatures and are tested against these functions.
 """
 
+from refopt.reference.adagrad import (
+    AdagradResult,
+    adagrad_initial_state,
+    adagrad_update,
+    initial_accumulator,
+)
 from refopt.reference.adam import AdamResult, adam_scalars, adam_update
 from refopt.reference.clipping import (
     clip_by_global_norm,
@@ -25,9 +31,12 @@ from refopt.reference.sgd import SGDResult, sgd_update
 from refopt.reference.weight_decay import apply_weight_decay
 
 __all__ = [
+    "AdagradResult",
     "AdamResult",
     "RMSpropResult",
     "SGDResult",
+    "adagrad_initial_state",
+    "adagrad_update",
     "adam_scalars",
     "adam_update",
     "apply_weight_decay",
@@ -36,6 +45,7 @@ __all__ = [
     "clip_by_value",
     "ema_update",
     "global_norm",
+    "initial_accumulator",
     "initial_velocity",
     "lazy_adam_update",
     "rmsprop_initial_state",

@@ -347,7 +347,9 @@ def _sum_squares(values):
 def clip_global_norm_variant(grads, clip_norm, convention):
     """Clip all gradients together by their global L2 norm under ``convention.clip_formula``.
 
-    ``"torch"``: ``total = sqrt(sum(n_i^2))`` of the per-tensor norms, ``coef = c/(total +
+    ``"torch"``: ``total`` = the 2-norm of the per-tensor norms, each norm and ``total`` in
+    PyTorch's order of addition (:func:`refopt.reference.reductions.torch_vector_norm`, the
+    norms stacked as ``torch.nn.utils.get_total_norm`` stacks them), ``coef = c/(total +
     1e-6)`` clamped to 1, every gradient times ``coef`` (infinite norm: finite gradients
     become 0). ``"optax"``: ``N`` = sqrt of the sum of each tensor's sum of squares; kept when
     ``N < c``, else ``(g / N) * c``. ``None`` entries stay ``None``. Returns the list.
@@ -361,8 +363,13 @@ def clip_global_norm_variant(grads, clip_norm, convention):
     dtype = np.result_type(*[_values(g).dtype for g in present])
     with np.errstate(all="ignore"):
         if convention.clip_formula == "torch":
-            norms = [np.sqrt(_sum_squares(_values(g))) for g in present]
-            total = np.sqrt(_sum_squares(np.asarray(norms, dtype)))
+            # torch.linalg.vector_norm of each gradient, then of the stacked norms, in the
+            # order of torch's dtype groups (refopt.reference.reductions)
+            from refopt.reference.reductions import torch_stack_order, torch_vector_norm
+
+            order = torch_stack_order([_values(g).dtype for g in present])
+            norms = [torch_vector_norm(_values(present[k])) for k in order]
+            total = torch_vector_norm(np.asarray(norms, dtype))
             # max_norm / (total + 1e-6): a Python float over a tensor is the tensor's
             # reciprocal times the float in torch
             coef = (scalar(dtype, 1) / (total + scalar(dtype, 1e-6))) * scalar(dtype, clip_norm)

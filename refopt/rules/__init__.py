@@ -10,8 +10,12 @@ explicitly rounded, never contracted) and runs as plain Python (the simulator)::
         return p, s_0, ..., s_k
 
 - ``p``, ``g``: the parameter and its gradient (already clipped, weight-decayed as the
-  convention says: that is the pipeline's work, see :mod:`refopt.rules.steps`);
-- ``s_0 .. s_k``: the optimizer's slots, in the order of :attr:`Rule.slots`;
+  convention says: that is the pipeline's work, see :mod:`refopt.rules.steps`); in a
+  whole-table sparse step (the drivers' ``table`` kernels) ``g`` is ``None`` for the
+  elements of rows without a gradient, so only a rule written for it runs there (e.g.
+  :data:`refopt.rules.adam.ADAM_TABLE`: ``if g is not None:`` folds away when compiled);
+- ``s_0 .. s_k``: the optimizer's slots, in the order of :attr:`Rule.slots` (none at all
+  for the pipeline's steps run alone, :data:`refopt.rules.steps.CLIP` & co.: ``(p,)``);
 - ``sc``: a small array of scalars in the variable dtype, rounded on the host as the
   framework rounds them (learning rate, ``1 - beta``, bias corrections...);
 - ``fl``: a small int64 array of flags (AMSGrad, Nesterov, the convention's form);

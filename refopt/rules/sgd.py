@@ -6,6 +6,9 @@ m mu)`` with the new ``m``); 1 TF1's ``MomentumOptimizer`` ``a = a mu + g; p - a
 the step is ``g``), ``p = fma(-lr, step, p)`` with the Nesterov step ``fma(mu, b, g)``;
 3 optax's trace ``t = fma(mu, t, g)``, ``p + (-lr) step`` with the Nesterov step
 ``fma(mu, t, g)``. ``F_NESTEROV``, ``F_MOMENTUM`` (momentum != 0, PyTorch only).
+
+:data:`SGD_TABLE` is tf-keras' sparse update of a whole table (the drivers' ``table``
+kernels); :func:`pure_update` is :func:`refopt.reference.sgd_update` on a backend's drivers.
 """
 
 from __future__ import annotations
@@ -50,7 +53,28 @@ def sgd_element(p, g, m, sc, fl, tail):
     return add(p, mul(sc[S_NEG_LR], step)), m
 
 
+@register_jitable
+def sgd_table_element(p, g, m, sc, fl, tail):
+    """tf-keras' sparse SGD on one element of the whole table: slot ``m`` (``g`` None where
+    the element's row has no gradient). ``m <- m mu``, ``m += (-g) lr`` where ``g`` is;
+    then ``p + m``, or Nesterov ``p += (-g) lr`` where ``g`` is and ``p + m mu``."""
+    nesterov = fl[F_NESTEROV] != 0
+    mu = sc[S_MU]
+    m = mul(m, mu)
+    if g is not None:
+        a = mul(-g, sc[S_LR])
+        m = add(m, a)
+        if nesterov:
+            p = add(p, a)
+    if nesterov:
+        return add(p, mul(m, mu)), m
+    return add(p, m), m
+
+
 SGD = Rule("sgd", sgd_element, ("m",))
+#: The whole-table sparse rule (the drivers' ``table`` kernel): tf-keras' ``IndexedSlices``
+#: path of :func:`refopt.reference.sgd_update`.
+SGD_TABLE = Rule("sgd_table", sgd_table_element, ("m",))
 
 _FORMS = {"keras": 0, "tf1": 1, "torch": 2, "optax": 3}
 
@@ -68,3 +92,42 @@ def sgd_call(dtype, conv, *, learning_rate, momentum, nesterov):
     neg_lr = scalar(dtype, -float(learning_rate))
     return RuleCall(SGD, scalars(dtype, [lr, mu, neg_lr]),
                     flags([form, nesterov, momentum != 0]))
+
+
+def tf_keras_call(dtype, *, learning_rate, momentum, nesterov, table=False):
+    """The :class:`~refopt.rules.RuleCall` of :func:`refopt.reference.sgd_update` (tf-keras'
+    SGD, Keras' velocity form; ``table``: the whole-table sparse rule)."""
+    from refopt.reference._common import lr_cast, tf_cast
+
+    dtype = np.dtype(dtype)
+    sc = [lr_cast(dtype, learning_rate), tf_cast(dtype, momentum)]  # as the reference
+    return RuleCall(SGD_TABLE if table else SGD, scalars(dtype, sc),
+                    flags([_FORMS["keras"], nesterov]))
+
+
+def pure_update(apply, apply_sparse, param, grad, m, *, learning_rate, momentum,
+                nesterov=False):
+    """:func:`refopt.reference.sgd_update` computed by these rules with a backend's
+    one-tensor drivers (as :func:`refopt.rules.adam.pure_update`): the reference's own
+    argument checks, then one step, dense or (``IndexedSlices``) of the whole table;
+    returns an ``SGDResult``."""
+    from refopt.indexed_slices import IndexedSlices
+    from refopt.reference._common import (as_float_array, check_flag, check_grad, check_like,
+                                          check_scalar)
+    from refopt.reference.sgd import SGDResult
+
+    param = as_float_array("param", param)
+    grad = check_grad(param, grad)
+    m = check_like(param, "m", m)
+    check_scalar("learning_rate", learning_rate)
+    check_scalar("momentum", momentum)
+    nesterov = check_flag("nesterov", nesterov)
+    sparse = isinstance(grad, IndexedSlices)
+    call = tf_keras_call(param.dtype, learning_rate=learning_rate, momentum=momentum,
+                         nesterov=nesterov, table=sparse)
+    with np.errstate(all="ignore"):
+        if sparse:
+            p, (m,) = apply_sparse(call, param, grad, [m], False)
+        else:
+            p, (m,) = apply(call, param, grad, [m])
+    return SGDResult(p, m)

@@ -444,7 +444,7 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
     candidate : callable
         A factory of stateful optimizers or a pure step function; see the module docstring of
         :mod:`refopt.testing.conformance` for both interfaces.
-    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD", "RMSprop"} or type, default "Adam"
+    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad"} or type, default "Adam"
         The refopt optimizer to compare with, or your own subclass of ``refopt.Optimizer``.
     config : dict, optional
         Constructor arguments to fix (refopt names; e.g. ``{"amsgrad": True}``); the optimizer's

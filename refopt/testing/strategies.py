@@ -291,10 +291,11 @@ def hyperparameters(*, optimizer="Adam", dtype="float32", weight_decay=True,
 
     Parameters
     ----------
-    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD", "RMSprop"} or type, default "Adam"
+    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad"} or type, default "Adam"
         Which optimizer's arguments: Adam family ``learning_rate``, ``beta_1``, ``beta_2``,
         ``epsilon``, ``amsgrad``; SGD ``learning_rate``, ``momentum``, ``nesterov``; RMSprop
-        ``learning_rate``, ``rho``, ``momentum``, ``epsilon``, ``centered``. A subclass of
+        ``learning_rate``, ``rho``, ``momentum``, ``epsilon``, ``centered``; Adagrad
+        ``learning_rate``, ``initial_accumulator_value``, ``epsilon``. A subclass of
         :class:`refopt.Optimizer` (your own) gets ``learning_rate`` and the pipeline options;
         fix its own arguments with ``fixed``.
     dtype : str or numpy.dtype, default "float32"
@@ -348,6 +349,9 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
         out["momentum"] = draw(st.sampled_from([0.0, 0.5, 0.9]))
         out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-8, 1e-3))
         out["centered"] = draw(st.booleans())
+    elif issubclass(cls, _optimizers.Adagrad):
+        out["initial_accumulator_value"] = draw(st.floats(0.0, 1.0))
+        out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-10, 1e-3))
     elif issubclass(cls, _optimizers.SGD):
         out["momentum"] = draw(st.floats(0.0, 1.0))
         out["nesterov"] = draw(st.booleans())
@@ -430,7 +434,7 @@ def trajectories(*, optimizer="Adam", dtype="float32", min_steps=1, max_steps=3,
 
     Parameters
     ----------
-    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD", "RMSprop"} or type, default "Adam"
+    optimizer : {"Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad"} or type, default "Adam"
     dtype : str or numpy.dtype, default "float32"
     min_steps, max_steps : int, default 1, 3
         Number of steps T (shrinks towards ``min_steps``).

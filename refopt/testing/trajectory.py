@@ -23,7 +23,7 @@ __all__ = ["OPTIMIZERS", "State", "Trajectory", "optimizer_class", "run_referenc
 
 #: The optimizers the toolkit draws hyperparameters for (any refopt optimizer class name works
 #: for :class:`Trajectory` and :func:`run_reference`).
-OPTIMIZERS = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop")
+OPTIMIZERS = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad")
 _FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
@@ -34,7 +34,7 @@ def optimizer_class(name):
     ----------
     name : str or type
         A class name exported by :mod:`refopt.optimizers` (``"Adam"``, ``"AdamW"``,
-        ``"LazyAdam"``, ``"SGD"``, ``"RMSprop"``, ...), or a subclass of
+        ``"LazyAdam"``, ``"SGD"``, ``"RMSprop"``, ``"Adagrad"``, ...), or a subclass of
         :class:`refopt.Optimizer` (your own optimizer), returned as is.
 
     Returns

@@ -11,6 +11,7 @@ Importing this module imports Numba but compiles nothing: every kernel compiles 
 from Numba's on-disk cache) on its first call for a dtype.
 """
 
+from refopt.kernels.cpu.adagrad import adagrad_update
 from refopt.kernels.cpu.adam import adam_update
 from refopt.kernels.cpu.clipping import (
     clip_by_global_norm,
@@ -23,14 +24,18 @@ from refopt.kernels.cpu.lazy_adam import lazy_adam_update
 from refopt.kernels.cpu.rmsprop import rmsprop_update
 from refopt.kernels.cpu.sgd import sgd_update
 from refopt.kernels.cpu.weight_decay import apply_weight_decay
+from refopt.reference.adagrad import AdagradResult, adagrad_initial_state, initial_accumulator
 from refopt.reference.adam import AdamResult, adam_scalars
 from refopt.reference.rmsprop import RMSpropResult, initial_velocity, rmsprop_initial_state
 from refopt.reference.sgd import SGDResult
 
 __all__ = [
+    "AdagradResult",
     "AdamResult",
     "RMSpropResult",
     "SGDResult",
+    "adagrad_initial_state",
+    "adagrad_update",
     "adam_scalars",
     "adam_update",
     "apply_weight_decay",
@@ -39,6 +44,7 @@ __all__ = [
     "clip_by_value",
     "ema_update",
     "global_norm",
+    "initial_accumulator",
     "initial_velocity",
     "lazy_adam_update",
     "rmsprop_initial_state",

@@ -7,9 +7,10 @@ round every hyperparameter the same way before it reaches a kernel.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
-from refopt.kernels.cpu import _kernels as K
 from refopt.reference._common import (  # noqa: F401  (re-exported for the kernels' modules)
     FLOAT_DTYPES,
     as_float_array,
@@ -35,14 +36,25 @@ FALLBACK_DTYPES = (np.dtype(np.float16),)
 PARALLEL_MIN_ELEMENTS = 1 << 21
 
 
+_SERIAL = {}  # parallel kernel -> its serial twin (drivers.with_serial_twins), or False
+
+
 def launch(kernel, args, n_elements):
     """Call a ``parallel=True`` kernel, on one thread when ``n_elements`` is small.
 
-    The thread count never changes the results (every element is computed by the same
-    operations whichever thread runs it); it is restored afterwards.
+    Small work runs the kernel's serial twin when its module has one (``NAME_serial``, see
+    :func:`refopt.kernels.cpu.drivers.with_serial_twins`), else the kernel with Numba's
+    thread count set to one and restored afterwards. The thread count never changes the
+    results (every element is computed by the same operations whichever thread runs it).
     """
     if n_elements >= PARALLEL_MIN_ELEMENTS:
         return kernel(*args)
+    serial = _SERIAL.get(kernel)
+    if serial is None:
+        mod = sys.modules.get(getattr(kernel, "py_func", kernel).__module__)
+        serial = _SERIAL[kernel] = getattr(mod, kernel.__name__ + "_serial", False)
+    if serial:
+        return serial(*args)
     import numba
 
     previous = numba.get_num_threads()
@@ -53,35 +65,6 @@ def launch(kernel, args, n_elements):
         return kernel(*args)
     finally:
         numba.set_num_threads(previous)
-
-
-def flags(*, ams=False, clip=0, ema=False, overwrite=False):
-    """The int64 flag array of a kernel call (layout ``_kernels.F_*``)."""
-    fl = np.zeros(K.N_FLAGS, np.int64)
-    fl[K.F_AMS] = ams
-    fl[K.F_CLIP] = clip
-    fl[K.F_EMA] = ema
-    fl[K.F_OVERWRITE] = overwrite
-    return fl
-
-
-def scalars(dtype, **values):
-    """The scalar array of a kernel call (layout ``_kernels.S_*``), every entry in ``dtype``.
-
-    ``values`` maps lower-case names (``lr``, ``wd``, ``alpha``, ``c1``, ``c2``, ``eps``,
-    ``clip``, ``gscale``, ``mu``, ``omu``) to numbers already rounded by the caller; the
-    others are 0 (``gscale`` 1).
-    """
-    sc = np.zeros(K.N_SCALARS, dtype)
-    sc[K.S_GSCALE] = 1
-    for name, value in values.items():
-        sc[getattr(K, "S_" + name.upper())] = value
-    return sc
-
-
-def c_copy(a):
-    """A new C-contiguous copy of ``a`` (the kernels' in-place output buffers)."""
-    return np.array(a, order="C", copy=True)
 
 
 def table(*arrays):

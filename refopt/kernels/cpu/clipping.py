@@ -1,9 +1,11 @@
 """Gradient clipping by value, by norm and by global norm on the CPU (Numba kernels).
 
 Same functions, signatures and results as :mod:`refopt.reference.clipping`
-(``tensorflow/python/ops/clip_ops.py``): the elementwise parts are bit-identical; the sums of
-squares follow NumPy's pairwise summation order (``_kernels._pairwise_sumsq``), so norms are
-within 1 ulp of the reference's (on the machines checked so far, identical).
+(``tensorflow/python/ops/clip_ops.py``): the elementwise parts are bit-identical (the
+pipeline's clip step, :func:`refopt.rules.steps.clip`, run by the drivers as the rule
+:data:`refopt.rules.steps.CLIP`); the sums of squares follow NumPy's pairwise summation order
+(``_kernels._pairwise_sumsq``), so norms are within 1 ulp of the reference's (on the
+machines checked so far, identical).
 """
 
 from __future__ import annotations
@@ -15,6 +17,15 @@ from refopt.indexed_slices import IndexedSlices
 from refopt.kernels.cpu import _kernels as K
 from refopt.kernels.cpu._common import FALLBACK_DTYPES, check_scalar, scalar, table
 from refopt.reference.clipping import _rewrap, _values
+
+
+def _clip(values, mode, c=0, d=1, s=1):
+    """The values clipped by :func:`refopt.rules.steps.clip` (the step the optimizers' fused
+    kernels run), as the rule :data:`refopt.rules.steps.CLIP`; a new array."""
+    from refopt.kernels.cpu.drivers import apply
+    from refopt.rules.steps import clip_values
+
+    return clip_values(apply, values, mode, c, d, s)
 
 __all__ = ["clip_by_value", "clip_by_norm", "global_norm", "clip_by_global_norm"]
 
@@ -68,10 +79,7 @@ def clip_by_value(grad, clip_value):
     check_scalar("clip_value", clip_value)
     if values.dtype in FALLBACK_DTYPES:
         return _ref.clip_by_value(grad, clip_value)
-    out = np.empty(values.shape, values.dtype)
-    K.clip_value_k(np.ascontiguousarray(values).reshape(-1), out.reshape(-1),
-                   scalar(values.dtype, clip_value))
-    return _rewrap(grad, out)
+    return _rewrap(grad, _clip(values, 1, scalar(values.dtype, clip_value)))
 
 
 def clip_by_norm(grad, clip_norm):
@@ -101,9 +109,7 @@ def clip_by_norm(grad, clip_norm):
     c = scalar(dtype, max(clip_norm, 0))
     flat = np.ascontiguousarray(values).reshape(-1)
     d = norm_denominators(sums_of_squares([flat], dtype), c)[0]
-    out = np.empty(values.shape, dtype)
-    K.clip_norm_k(flat, out.reshape(-1), c, d)
-    return _rewrap(grad, out)
+    return _rewrap(grad, _clip(values, 2, c, d))
 
 
 def _same_dtype_values(grads):
@@ -204,9 +210,7 @@ def clip_by_global_norm(grads, clip_norm, use_norm=None):
             with np.errstate(all="ignore"):
                 clipped.append(_rewrap(g, values * values.dtype.type(scale)))
             continue
-        out = np.empty(values.shape, values.dtype)
         with np.errstate(all="ignore"):
             s = values.dtype.type(scale)
-        K.scale_k(np.ascontiguousarray(values).reshape(-1), out.reshape(-1), s)
-        clipped.append(_rewrap(g, out))
+        clipped.append(_rewrap(g, _clip(values, 3, s=s)))
     return clipped, n

@@ -1,6 +1,6 @@
 """Generic CPU drivers: every fused kernel is built from a rule (:mod:`refopt.rules`).
 
-For a rule with ``k`` slots the driver module holds two kernels:
+For a rule with ``k`` slots the driver module holds three kernels:
 
 ``dense(paddr, gaddr, seg, cden, cscale, S_0..S_k-1, A, dmode, emode, ow, psc, sc)``
     One call updates every tensor of a dtype group, in place: for each element, clip
@@ -16,10 +16,18 @@ For a rule with ``k`` slots the driver module holds two kernels:
     are a compile-time constant of the module). Parallel over fixed chunks of ``CHUNK`` elements of all
     tensors together; an element's result depends on nothing but its own inputs, so not on
     the thread count.
-``rows(P, S_0..S_k-1, order, srows, vals, cmode, d, s, dmode, psc, sc)``
+``rows(P, S_0..S_k-1, order, srows, vals, cmode, d, s, dmode, psc, sc, fl)``
     A lazy sparse step on the rows of 2-D tables: duplicates summed after clipping, in
     order of appearance (as ``IndexedSlices.deduplicate``), then each unique row owned by
     one parallel iteration that runs decay and the element over the row.
+``table(P, S_0..S_k-1, order, srows, vals, cmode, d, s, dmode, psc, sc, fl)``
+    A whole-table sparse step (tf-keras' non-lazy ``IndexedSlices`` updates): the
+    duplicates summed as for ``rows``, then every row of the tables, one parallel iteration
+    per row: decay and the element with the row's summed gradient where the row is present,
+    with ``g = None`` where it is not (a whole-table rule, e.g.
+    :data:`refopt.rules.adam.ADAM_TABLE`, says what its elements do without a gradient).
+
+A rule may have no slot (the pipeline's steps as rules, :mod:`refopt.rules.steps`).
 
 Caching. Numba caches a kernel only when the rule it calls is a module global (a closure
 or a function argument is compiled again in every process). So :func:`kernels` writes a
@@ -38,6 +46,7 @@ import hashlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -158,7 +167,7 @@ def _row(Pr, g_row, {row_args}dmode, psc, sc, fl):
 
 @pjit
 def rows(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
-    urows, sums = _segment_sums(order, srows, vals, cmode, psc[2], d, s, psc[0] * 0)
+    urows, sums = _segment_sums(order, srows, vals, cmode, psc[2], d, s)
     psc, sc, fl = _tuple8(psc), _tuple16(sc), _tuple8(fl)
     u = urows.shape[0]
     for k in prange(u):
@@ -172,6 +181,32 @@ def rows(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
             _row(P[r], sums[k], {row_vars}0, psc, sc, fl)
         else:
             _row(P[r], sums[k], {row_vars}dmode, psc, sc, fl)
+
+
+@jit
+def _row_absent(Pr, {row_args}dmode, psc, sc, fl):
+    # a row without gradient in a whole-table step: decay, then the element with g = None
+    for i in range(Pr.shape[0]):
+        p, _ = _decay(Pr[i], Pr[i], dmode, psc)
+        p, {slot_vals} = _element(p, None, {row_slot_loads}sc, {fl_expr}, False)
+{row_slot_stores}
+        Pr[i] = p
+
+
+@pjit
+def table(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
+    urows, sums = _segment_sums(order, srows, vals, cmode, psc[2], d, s)
+    psc, sc, fl = _tuple8(psc), _tuple16(sc), _tuple8(fl)
+    where = np.full(P.shape[0], -1, np.int64)  # each row's unique index, -1: absent
+    for k in range(urows.shape[0]):
+        where[urows[k]] = k
+    for r in prange(P.shape[0]):
+        k = where[r]
+{row_slot_views}
+        if k >= 0:
+            _row(P[r], sums[k], {row_vars}dmode, psc, sc, fl)
+        else:
+            _row_absent(P[r], {row_vars}dmode, psc, sc, fl)
 '''
 
 # The scalar tail of PyTorch's vectorised kernels (only in the kernels of rules that have one).
@@ -182,6 +217,7 @@ _TAIL_BLOCK = '''    if mid < hi:
 
 _LOCK = threading.Lock()
 _BUILT = {}
+_QUICK = {}  # (id(rule), flag bytes, dmode, tail) -> module, checked against the rule
 
 
 def _cache_dir():
@@ -201,13 +237,35 @@ def _cache_dir():
     raise RuntimeError(f"No writable folder for refopt's kernels among {candidates}")
 
 
+def with_serial_twins(text):
+    """``text`` plus, after each ``@pjit`` kernel ``NAME``, a copy compiled without
+    parallelism as ``NAME_serial`` (``prange`` runs as ``range``): what
+    :func:`refopt.kernels.cpu._common.launch` calls for small work, with no thread-count
+    change and no parallel region to start. The same code in the same order per element,
+    so the same bits. Each twin is compiled only when first called (small steps compile the
+    twin, large ones the parallel kernel)."""
+    out = []
+    for block in re.split(r"(?m)^(?=@)", text):  # one block per decorated function
+        out.append(block)
+        if block.startswith("@pjit\n"):
+            body = block.rstrip("\n") + "\n"
+            twin = re.sub(r"^@pjit\ndef (\w+)\(", r"@jit\ndef \1_serial(", body, count=1)
+            out.append("\n\n" + twin + "\n\n")
+    return "".join(out)
+
+
 def source(rule, fl, dmode=0, tail=False):
     """The generated driver module's source for ``rule`` with flags ``fl`` (ints), the decay
     mode its common loop is specialised for and whether a scalar tail exists."""
+    return with_serial_twins(_source(rule, fl, dmode, tail))
+
+
+def _source(rule, fl, dmode=0, tail=False):
     k = rule.arity
     names = [f"S{i}" for i in range(k)]
-    slot_vals = ", ".join(f"s{i}" for i in range(k)) if k else "_"
-    # a rule with no slot returns only p: the template unpacks "p, _"
+    # the element returns (p, s0, ...): unpacked as "p, s0, ..., = " (a rule with no slot
+    # returns the 1-tuple (p,): "p, = ")
+    slot_vals = "".join(f"s{i}, " for i in range(k))
     return _TEMPLATE.format(
         rule_name=rule.name,
         flags=repr(None if fl is None else tuple(int(f) for f in fl)),
@@ -218,7 +276,7 @@ def source(rule, fl, dmode=0, tail=False):
         module=rule.element.__module__,
         element=rule.element.__name__,
         slots_args="".join(f"{n}, " for n in names),
-        slot_vals=slot_vals + ("," if k == 1 else ""),
+        slot_vals=slot_vals,
         slot_loads_i="".join(f"{n}[i], " for n in names),
         slot_stores_i="\n".join(f"        {n}[i] = s{i}" for i, n in enumerate(names)) or "",
         slices_head="".join(f"{n}[o + lo:o + mid], " for n in names),
@@ -251,22 +309,26 @@ def _digest(rule, text):
 
 
 def kernels(rule, fl, dmode=0, tail=False):
-    """The driver module of ``rule`` (attributes ``dense`` and ``rows``) for the flags ``fl``
+    """The driver module of ``rule`` (``dense``, ``rows``, ``table``) for the flags ``fl``
     (a sequence of ints, the rule call's; ``None``: flags read at run time), the decay mode its common loop is specialised for
     (any mode runs, the others on a general loop) and whether a tail exists (``tail_lanes``);
     built once per combination, cached on disk."""
+    quick = (id(rule), None if fl is None else bytes(np.asarray(fl, np.int64)), dmode, tail)
+    mod = _QUICK.get(quick)
+    if mod is not None and mod._rule is rule:
+        return mod
     fl = None if fl is None else tuple(int(f) for f in fl)
     key = (rule.element.__module__, rule.element.__qualname__, rule.arity, fl, int(dmode),
            bool(tail))
     mod = _BUILT.get(key)
     if mod is not None:
+        mod._rule = rule
+        _QUICK[quick] = mod
         return mod
     with _LOCK:
         mod = _BUILT.get(key)
         if mod is not None:
             return mod
-        if rule.arity == 0:
-            raise ValueError(f"Rule {rule.name!r} has no slot; give it at least one.")
         text = source(rule, fl, dmode, tail)
         tag = f"{rule.element.__module__.replace('.', '_')}__{rule.element.__name__}"
         name = f"refopt_driver_{tag}_{_digest(rule, text)}"
@@ -314,3 +376,40 @@ def apply(call, param, grad, slots):
     with np.errstate(all="ignore"):
         launch(K.dense, args, n)
     return p, [a.reshape(param.shape) for a in s]
+
+
+def apply_sparse(call, param, grad, slots, lazy):
+    """One rule step with a sparse gradient on one table, into new arrays.
+
+    Parameters
+    ----------
+    call : refopt.rules.RuleCall
+    param : ndarray of float32 or float64, shape ``(rows, ...)``
+    grad : IndexedSlices of ``param``'s dtype and shape (validated: indices in range)
+    slots : list of ndarray like ``param``, in the order of ``call.rule.slots``
+    lazy : bool
+        The ``rows`` kernel (the rule on the rows present only: LazyAdam), else the
+        ``table`` kernel (every row: a whole-table rule, its element given ``g = None``
+        where the row has no gradient).
+
+    Returns
+    -------
+    (ndarray, list of ndarray)
+        The new table and slots; the inputs are not modified. Duplicate rows are summed
+        from zero in order of appearance (:meth:`IndexedSlices.deduplicate`'s sums).
+    """
+    from refopt.kernels.cpu._common import launch, rows2d, stable_order
+    from refopt.rules.steps import N_PSC
+
+    dtype = param.dtype
+    p = np.array(param, dtype, order="C", copy=True)
+    s = [np.array(a, dtype, order="C", copy=True) for a in slots]
+    vals = rows2d(grad.values)
+    order, srows = stable_order(grad.indices)
+    one = dtype.type(1)
+    K = kernels(call.rule, None, 0, True)  # the module of apply: flags read at run time
+    args = (rows2d(p), *[rows2d(a) for a in s], order, srows, vals, 0, one, one, 0,
+            np.zeros(N_PSC, dtype), call.sc, call.fl)
+    with np.errstate(all="ignore"):
+        launch(K.rows if lazy else K.table, args, vals.size if lazy else p.size)
+    return p, s

@@ -1,7 +1,9 @@
-"""Exponential moving average of the weights on the CPU (Numba kernel).
+"""Exponential moving average of the weights on the CPU: the EMA step's rule.
 
 Same function, same signature and bit-identical results as :mod:`refopt.reference.ema`
-(``tf_keras/optimizers/optimizer.py``, ``_update_model_variables_moving_average``).
+(``tf_keras/optimizers/optimizer.py``, ``_update_model_variables_moving_average``). The
+update is :func:`refopt.rules.steps.ema` (the step the optimizers' fused kernels run), as
+the rule :data:`refopt.rules.steps.EMA`.
 """
 
 from __future__ import annotations
@@ -9,17 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from refopt import reference as _ref
-from refopt.kernels.cpu import _kernels as K
-from refopt.kernels.cpu._common import (
-    FALLBACK_DTYPES,
-    as_float_array,
-    check_like,
-    check_scalar,
-    launch,
-    scalar,
-)
 
 __all__ = ["ema_update"]
+
+_FAST = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def ema_update(average, param, *, ema_momentum):
@@ -41,15 +36,9 @@ def ema_update(average, param, *, ema_momentum):
     TypeError, ValueError
         As :func:`refopt.reference.ema_update`.
     """
-    average = as_float_array("average", average)
-    param = check_like(average, "param", param)
-    check_scalar("ema_momentum", ema_momentum)
-    dtype = average.dtype
-    if dtype in FALLBACK_DTYPES:
+    if not (isinstance(average, np.ndarray) and average.dtype in _FAST):
         return _ref.ema_update(average, param, ema_momentum=ema_momentum)
-    out = np.empty(average.shape, dtype)
-    launch(K.ema_k, (np.ascontiguousarray(average).reshape(-1),
-                     np.ascontiguousarray(param).reshape(-1), out.reshape(-1),
-                     scalar(dtype, ema_momentum), scalar(dtype, 1 - ema_momentum), False),
-           out.size)
-    return out
+    from refopt.kernels.cpu.drivers import apply
+    from refopt.rules.steps import pure_ema
+
+    return pure_ema(apply, average, param, ema_momentum=ema_momentum)

@@ -1,4 +1,4 @@
-"""Lazy (sparse) Adam on the CPU: one Numba kernel sums duplicates and updates the rows.
+"""Lazy (sparse) Adam on the CPU: the Adam rule's ``rows`` kernel.
 
 Same function, same signature and bit-identical results as :mod:`refopt.reference.lazy_adam`
 (row semantics of the TF1 contrib ``LazyAdamOptimizer``, scalars of tf-keras' Adam).
@@ -6,25 +6,15 @@ Same function, same signature and bit-identical results as :mod:`refopt.referenc
 
 from __future__ import annotations
 
+import numpy as np
+
 from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
-from refopt.kernels.cpu import _kernels as K
-from refopt.kernels.cpu._common import (
-    FALLBACK_DTYPES,
-    as_float_array,
-    c_copy,
-    check_grad,
-    check_like,
-    flags,
-    launch,
-    rows2d,
-    scalars,
-    stable_order,
-)
 from refopt.kernels.cpu.adam import adam_update
-from refopt.reference.adam import AdamResult, adam_scalars
 
 __all__ = ["lazy_adam_update"]
+
+_FAST = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def lazy_adam_update(
@@ -58,34 +48,19 @@ def lazy_adam_update(
     -----
     This pure function copies the tables (its contract is to return new arrays); the
     optimizers' in-place path (``LazyAdam(backend="cpu")``) costs only the rows touched.
-    ``_kernels.lazy_adam_rows`` sorts the indices stably, gives each unique row to one
-    parallel iteration, which sums its gradient rows from zero in order of appearance and
-    applies the Adam pass to the row.
+    The ``rows`` kernel of :data:`refopt.rules.adam.ADAM` (``AMSGRAD``) sorts the indices
+    stably, sums each unique row's gradient rows from zero in order of appearance and gives
+    each unique row to one parallel iteration, which applies the Adam element to the row.
     """
     if not isinstance(grad, IndexedSlices):
         return adam_update(param, grad, m, v, vhat, learning_rate=learning_rate,
                            beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, step=step)
-    param = as_float_array("param", param)
-    grad = check_grad(param, grad)
-    m = check_like(param, "m", m)
-    v = check_like(param, "v", v)
-    if vhat is not None:
-        vhat = check_like(param, "vhat", vhat)
-    dtype = param.dtype
-    s = adam_scalars(dtype, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
-                     epsilon=epsilon, step=step)
-    if dtype in FALLBACK_DTYPES:
+    if not (isinstance(param, np.ndarray) and param.dtype in _FAST):
         return _ref.lazy_adam_update(param, grad, m, v, vhat, learning_rate=learning_rate,
                                      beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, step=step)
-    sc = scalars(dtype, alpha=s.alpha, c1=s.one_minus_beta_1, c2=s.one_minus_beta_2,
-                 eps=s.epsilon)
-    P, M, V = c_copy(param), c_copy(m), c_copy(v)
-    VH = None if vhat is None else c_copy(vhat)
-    M2 = rows2d(M)
-    vals = rows2d(grad.values)
-    order, srows = stable_order(grad.indices)
-    launch(K.lazy_adam_rows, (rows2d(P), M2, rows2d(V), M2 if VH is None else rows2d(VH),
-                              order, srows, vals,
-                              flags(ams=vhat is not None), sc, dtype.type(1), False,
-                              dtype.type(0)), vals.size)
-    return AdamResult(P, M, V, VH)
+    from refopt.kernels.cpu.drivers import apply, apply_sparse
+    from refopt.rules.adam import pure_update
+
+    return pure_update(apply, apply_sparse, param, grad, m, v, vhat,
+                       learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                       epsilon=epsilon, step=step, lazy=True)

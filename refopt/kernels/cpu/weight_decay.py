@@ -1,8 +1,9 @@
-"""Decoupled weight decay on the CPU (Numba kernel).
+"""Decoupled weight decay on the CPU: the decay step's rule.
 
 Same function, same signature and bit-identical results as
 :mod:`refopt.reference.weight_decay` (``tf_keras/optimizers/optimizer.py``,
-``_apply_weight_decay``).
+``_apply_weight_decay``). The update is :func:`refopt.rules.steps.decay` (the step the
+optimizers' fused kernels run), as the rule :data:`refopt.rules.steps.DECAY`.
 """
 
 from __future__ import annotations
@@ -10,16 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from refopt import reference as _ref
-from refopt.kernels.cpu import _kernels as K
-from refopt.kernels.cpu._common import (
-    FALLBACK_DTYPES,
-    as_float_array,
-    check_scalar,
-    lr_cast,
-    tf_cast,
-)
 
 __all__ = ["apply_weight_decay"]
+
+_FAST = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def apply_weight_decay(param, *, learning_rate, weight_decay):
@@ -41,14 +36,11 @@ def apply_weight_decay(param, *, learning_rate, weight_decay):
     TypeError
         As :func:`refopt.reference.apply_weight_decay`.
     """
-    param = as_float_array("param", param)
-    check_scalar("learning_rate", learning_rate)
-    check_scalar("weight_decay", weight_decay)
-    dtype = param.dtype
-    if dtype in FALLBACK_DTYPES:
+    if not (isinstance(param, np.ndarray) and param.dtype in _FAST):
         return _ref.apply_weight_decay(param, learning_rate=learning_rate,
                                        weight_decay=weight_decay)
-    out = np.empty(param.shape, dtype)
-    K.decay_k(np.ascontiguousarray(param).reshape(-1), out.reshape(-1),
-              tf_cast(dtype, weight_decay), lr_cast(dtype, learning_rate))
-    return out
+    from refopt.kernels.cpu.drivers import apply
+    from refopt.rules.steps import pure_weight_decay
+
+    return pure_weight_decay(apply, param, learning_rate=learning_rate,
+                             weight_decay=weight_decay)

@@ -3,8 +3,10 @@
 Importing this module imports ``numba.cuda`` (``refopt`` itself never does; the optimizers
 import it only for ``backend="cuda"``). Three layers:
 
-- :mod:`refopt.kernels.cuda._kernels`: the ``@cuda.jit`` kernels (elementwise in the
-  reference's order; the dense updates are multi-tensor kernels driven by a segment table).
+- :mod:`refopt.kernels.cuda.drivers`: every ``@cuda.jit`` kernel, built from a rule
+  (:mod:`refopt.rules`: each update, and the pipeline's clip, decay and EMA steps, defined
+  once): multi-tensor ``dense`` kernels driven by a segment table, ``rows`` (lazy sparse)
+  and ``table`` (whole-table sparse) kernels, and NumPy's pairwise sums of squares.
 - :mod:`refopt.kernels.cuda._launch`: in-place host launchers on device arrays (numba's, or
   anything with ``__cuda_array_interface__``: CuPy, PyTorch CUDA tensors, see
   :func:`as_device`): ``adam_multi``/``sgd_multi`` (a group of tensors, one launch per up to
@@ -15,13 +17,13 @@ import it only for ``backend="cuda"``). Three layers:
 - The mirror of :mod:`refopt.reference`, file for file (``adam.py``, ``clipping.py``, ...):
   ``adam_update``, ``lazy_adam_update``, ``sgd_update``, ``apply_weight_decay``,
   ``clip_by_value``, ``clip_by_norm``, ``global_norm``, ``clip_by_global_norm``,
-  ``ema_update``, ``rmsprop_update`` (by the rule driver), with the reference's signatures,
-  checks and result types. They take host
-  NumPy arrays, copy them to the device, run the same kernels as the optimizers and return
-  new host arrays (inputs untouched). On the simulator the elementwise results are
-  bit-identical to the reference; norms are within a few ulp (float64 tile sums). float16
-  is computed on the device in float32, rounded to float16 after every operation, as NumPy
-  does. Empty arrays are computed by the reference on the host.
+  ``ema_update``, ``rmsprop_update``, with the reference's signatures, checks and result
+  types (the rules' ``pure_update`` bodies, shared with :mod:`refopt.kernels.cpu`, on
+  :func:`drivers.apply` and :func:`drivers.apply_sparse`). They take host NumPy arrays,
+  copy them to the device, run the rules' kernels and return new host arrays (inputs
+  untouched). On the simulator the elementwise results are bit-identical to the reference;
+  norms are NumPy's pairwise sums. float16 is computed on the device in float32, rounded to
+  float16 after every operation, as NumPy does.
 
 Set ``config.THREADS_PER_BLOCK`` (and ``ITEMS_PER_THREAD``, ``TENSORS_PER_LAUNCH``) before
 launching to change the launch shape. ``python -m refopt.kernels.cuda.ptx`` compiles every
@@ -55,6 +57,7 @@ from refopt.kernels.cuda._launch import (  # noqa: F401  (the launchers, public 
     to_device,
     zeros_like,
 )
+from refopt.kernels.cuda.adagrad import adagrad_update
 from refopt.kernels.cuda.adam import adam_update
 from refopt.kernels.cuda.clipping import (
     clip_by_global_norm,
@@ -67,16 +70,20 @@ from refopt.kernels.cuda.lazy_adam import lazy_adam_update
 from refopt.kernels.cuda.rmsprop import rmsprop_update
 from refopt.kernels.cuda.sgd import sgd_update
 from refopt.kernels.cuda.weight_decay import apply_weight_decay
+from refopt.reference.adagrad import AdagradResult, adagrad_initial_state, initial_accumulator
 from refopt.reference.adam import AdamResult, adam_scalars
 from refopt.reference.rmsprop import RMSpropResult, initial_velocity, rmsprop_initial_state
 from refopt.reference.sgd import SGDResult
 
 __all__ = [
     "DTYPES",
+    "AdagradResult",
     "AdamResult",
     "RMSpropResult",
     "SGDResult",
     "Segments",
+    "adagrad_initial_state",
+    "adagrad_update",
     "adam_dense",
     "adam_multi",
     "adam_scalars",
@@ -95,6 +102,7 @@ __all__ = [
     "ema_dense",
     "ema_update",
     "global_norm",
+    "initial_accumulator",
     "initial_velocity",
     "is_device_array",
     "lazy_adam_rows",

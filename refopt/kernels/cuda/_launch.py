@@ -1,9 +1,14 @@
 """Host launchers of the CUDA kernels: in place on device arrays, one place for launch shapes.
 
-Every scalar is computed on the host by the reference's helpers
-(:func:`refopt.reference.adam_scalars`, ``lr_cast``, ``tf_cast``, ``scalar``) and passed rounded
-to the array dtype; the kernels (:mod:`refopt.kernels.cuda._kernels`) do the reference's
-elementwise operations in the same order. float16, float32 and float64.
+Every kernel is built from a rule by :mod:`refopt.kernels.cuda.drivers` (no hand-written
+kernel is left): Adam and SGD in tf-keras' form (:mod:`refopt.rules.adam`,
+:mod:`refopt.rules.sgd`, their whole-table sparse rules for :func:`adam_sparse` and
+:func:`sgd_sparse`), the pipeline's clip, decay and EMA steps as rules
+(:mod:`refopt.rules.steps`) for :func:`clip_dense`, :func:`decay_dense`, :func:`ema_dense`
+and :func:`copy`, NumPy's pairwise sums of squares for :func:`sumsq`. Every scalar is
+computed on the host by the reference's helpers (:func:`refopt.reference.adam_scalars`,
+``lr_cast``, ``tf_cast``, ``scalar``) and passed rounded to the array dtype. float16, float32
+and float64.
 
 Multi-tensor launches (:func:`adam_multi`, :func:`sgd_multi`): the variables and gradients are
 the caller's separate device arrays, passed to the kernel as tuples of arrays (numba flattens
@@ -16,7 +21,7 @@ up to 24 dense tensors is one launch, a larger one ``ceil(n / 24)`` launches.
 
 from __future__ import annotations
 
-import math
+import copy as _copy
 import numbers
 
 import numpy as np
@@ -29,9 +34,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"(import failed: {exc})"
     ) from exc
 
-from refopt.kernels.cuda import _kernels, config
+from refopt.kernels.cuda import config
 from refopt.reference._common import lr_cast, scalar, tf_cast
-from refopt.reference.adam import adam_scalars
 
 __all__ = [
     "DTYPES", "Segments", "adam_dense", "adam_multi", "adam_sparse", "as_device",
@@ -41,11 +45,19 @@ __all__ = [
 ]
 
 #: The dtypes the CUDA kernels compute in (float16 through float32, rounded after each
-#: operation: see :func:`refopt.kernels.cuda._kernels.ops`).
-DTYPES = _kernels.DTYPES
+#: operation: see :func:`refopt.rules.ops.register_cuda`).
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 #: Whether numba runs CUDA code in its simulator (``NUMBA_ENABLE_CUDASIM=1``).
 simulator = hasattr(cuda, "FakeCUDAKernel")
+
+#: Columns of the int64 segment table of the multi-tensor kernels (:class:`Segments`), one
+#: row per tensor: its offset in the flat slot buffers, its element count, its first chunk,
+#: whether it decays, where its scalar tail starts (``tail=True`` from there on), whether it
+#: has a gradient (else only its EMA is updated) and its clip mode
+#: (:func:`refopt.rules.steps.clip`).
+SEG_OFFSET, SEG_SIZE, SEG_CHUNK, SEG_DECAY, SEG_TAIL, SEG_ACTIVE, SEG_CLIP = range(7)
+SEG_COLUMNS = 7
 
 to_device = cuda.to_device
 
@@ -104,12 +116,6 @@ def _tpb():
         raise ValueError(
             f"config.THREADS_PER_BLOCK must be a power of two. Received: {tpb!r}")
     return tpb
-
-
-def _kset(dtype):
-    """The kernels of ``dtype`` for the current ``config``, and the threads per block."""
-    check_config()
-    return _kernels.get(_tpb(), int(config.ITEMS_PER_THREAD), dtype), _tpb()
 
 
 def is_device_array(a):
@@ -186,18 +192,37 @@ def zeros_like(a):
     return cuda.to_device(np.zeros(a.shape, a.dtype))
 
 
+def _drivers():
+    from refopt.kernels.cuda import drivers
+
+    return drivers
+
+
+def _step(dst, src, rule, mode, **values):
+    """A step rule of :mod:`refopt.rules.steps` on flat views, one launch of its dense
+    kernel: ``dst = clip(src)``, ``dst = decay(dst)`` or ``dst = ema(dst, src)``."""
+    from refopt.rules.steps import step_call
+
+    drivers = _drivers()
+    call = step_call(rule, np.dtype(dst.dtype), mode, **values)
+    drivers.launch_one(call, _flat(dst), _flat(src), [])
+
+
 def copy(dst, src):
-    """``dst[...] = src`` on the device (same shape and dtype, C-contiguous).
+    """``dst[...] = src`` on the device (same shape and dtype, C-contiguous): a
+    device-to-device copy (no kernel).
 
     Parameters
     ----------
-    dst, src : numba device array of float16, float32 or float64
-        C-contiguous, same shape and dtype.
+    dst : numba device array of float16, float32 or float64, C-contiguous
+    src : device array (or object with ``__cuda_array_interface__``) of ``dst``'s shape
+        and dtype, C-contiguous.
     """
     if dst.size == 0:
         return
-    K, tpb = _kset(dst.dtype)
-    K.copy_k[_grid(dst.size, tpb)](_flat(dst), _flat(src))
+    if not is_device_array(src):
+        src = cuda.as_cuda_array(src)
+    _flat(dst).copy_to_device(_flat(src))
 
 
 def clip_args(dtype, mode, clip=None, cden=None, gscale=None):
@@ -212,12 +237,11 @@ def clip_args(dtype, mode, clip=None, cden=None, gscale=None):
 
 
 def sumsq(g, half=False):
-    """``sum(g * g [* 0.5])`` of a device array, deterministic: fixed tiles, float64 sums.
+    """``sum(g * g [* 0.5])`` of a device array, bit for bit as NumPy sums it.
 
-    Each square is rounded to ``g``'s dtype (as the reference computes it), the tile sums are
-    accumulated in float64 on the device in a fixed order and added on the host with
-    ``math.fsum``; the result is rounded once to ``g``'s dtype. It agrees with NumPy's
-    pairwise sum in the dtype to within its rounding error (a few ulp in float32).
+    ``np.sum(g * g, dtype=g.dtype)`` (``g * g * 0.5`` when ``half``): each square rounded to
+    ``g``'s dtype, NumPy's pairwise summation tree (leaves on the device, the tree on the
+    host: :func:`refopt.kernels.cuda.drivers.sums_of_squares`). Deterministic.
 
     Parameters
     ----------
@@ -230,16 +254,10 @@ def sumsq(g, half=False):
     numpy scalar of ``g``'s dtype
     """
     dtype = np.dtype(g.dtype)
+    check_config()
     if g.size == 0:
         return dtype.type(0)
-    K, tpb = _kset(dtype)
-    tile = tpb * int(config.ITEMS_PER_THREAD)
-    blocks = -(-int(g.size) // tile)
-    partial = cuda.device_array(blocks, np.float64)
-    K.sumsq_blocks[blocks, tpb](_flat(g), partial, np.float64(0), bool(half),
-                                scalar(dtype, 0.5))
-    with np.errstate(all="ignore"):
-        return dtype.type(math.fsum(partial.copy_to_host().tolist()))
+    return _drivers().sums_of_squares([g], dtype, half=bool(half))[0]
 
 
 def clip_dense(out, g, mode, clip=None, cden=None, gscale=None):
@@ -253,11 +271,12 @@ def clip_dense(out, g, mode, clip=None, cden=None, gscale=None):
     clip, cden, gscale : float or None
         The threshold, the norm divisor ``maximum(norm, clip)``, the global scale.
     """
+    from refopt.rules.steps import CLIP
+
     if g.size == 0:
         return
-    K, tpb = _kset(g.dtype)
-    K.clip_k[_grid(g.size, tpb)](_flat(out), _flat(g),
-                                 *clip_args(np.dtype(g.dtype), mode, clip, cden, gscale))
+    mode, cv, d, s = clip_args(np.dtype(g.dtype), mode, clip, cden, gscale)
+    _step(out, g, CLIP, mode, clip=cv, d=d, s=s)
 
 
 def decay_dense(out, p, *, learning_rate, weight_decay):
@@ -269,12 +288,15 @@ def decay_dense(out, p, *, learning_rate, weight_decay):
     learning_rate, weight_decay : float
         Rounded as the reference rounds them (``lr`` through float32, ``wd`` as ``tf.cast``).
     """
+    from refopt.rules.steps import DECAY
+
     if p.size == 0:
         return
     dt = np.dtype(p.dtype)
-    K, tpb = _kset(dt)
-    K.decay_k[_grid(p.size, tpb)](_flat(out), _flat(p), tf_cast(dt, weight_decay),
-                                  lr_cast(dt, learning_rate))
+    wd, lr = tf_cast(dt, weight_decay), lr_cast(dt, learning_rate)
+    if out is not p:
+        copy(out, p)
+    _step(out, out, DECAY, 1, wd=wd, lr=lr)
 
 
 def ema_dense(average, p, *, ema_momentum, overwrite=False):
@@ -289,24 +311,34 @@ def ema_dense(average, p, *, ema_momentum, overwrite=False):
     overwrite : bool
         Then write the new average into ``p``.
     """
+    from refopt.rules.steps import EMA
+
     if p.size == 0:
         return
     dt = np.dtype(p.dtype)
-    K, tpb = _kset(dt)
-    K.ema_k[_grid(p.size, tpb)](_flat(average), _flat(p), scalar(dt, ema_momentum),
-                                scalar(dt, 1 - ema_momentum), bool(overwrite))
+    _step(average, p, EMA, 1, mu=scalar(dt, ema_momentum), omu=scalar(dt, 1 - ema_momentum))
+    if overwrite:
+        copy(p, average)
 
 
-def _ema_args(dt, ema_momentum, overwrite):
-    if ema_momentum is None:
-        return False, dt.type(0), dt.type(0), False
-    return True, scalar(dt, ema_momentum), scalar(dt, 1 - ema_momentum), bool(overwrite)
+def _pipeline(dt, weight_decay, learning_rate, average, ema_momentum, cv=None):
+    """``(psc, dmode, emode)``: the pipeline's scalars of a launch of the fused kernels
+    (Keras' decoupled decay, tf-keras' EMA), as the reference rounds them."""
+    from refopt.rules import steps as S
 
-
-def _decay_args(dt, weight_decay, learning_rate):
-    if weight_decay is None:
-        return False, dt.type(0), lr_cast(dt, learning_rate)
-    return True, tf_cast(dt, weight_decay), lr_cast(dt, learning_rate)
+    psc = np.zeros(S.N_PSC, dt)
+    if cv is not None:
+        psc[S.P_CLIP] = cv
+    dmode = emode = 0
+    if weight_decay is not None:
+        dmode = 1
+        psc[S.P_WD] = tf_cast(dt, weight_decay)
+        psc[S.P_LR] = lr_cast(dt, learning_rate)
+    if average is not None and ema_momentum is not None:
+        emode = 1
+        psc[S.P_MU] = scalar(dt, ema_momentum)
+        psc[S.P_OMU] = scalar(dt, 1 - ema_momentum)
+    return psc, dmode, emode
 
 
 class Segments:
@@ -333,9 +365,9 @@ class Segments:
     launches : list of (members, table, nchunks)
         One entry per launch: the tensors' positions in ``sizes`` (at most
         ``config.TENSORS_PER_LAUNCH``), the device int64 table ``(len(members), 7)`` (columns
-        ``_kernels.SEG_*``: slot offset, size, first chunk, decay flag, tail start, active
-        flag, clip mode) and the number of chunks of ``THREADS_PER_BLOCK * ITEMS_PER_THREAD``
-        elements the launch covers.
+        ``SEG_*``: slot offset, size, first chunk, decay flag, tail start, active flag, clip
+        mode) and the number of chunks of ``THREADS_PER_BLOCK * ITEMS_PER_THREAD`` elements
+        the launch covers.
 
     Raises
     ------
@@ -362,22 +394,42 @@ class Segments:
         self.width = width
         self.count = len(sizes)
         self._ones = {}
+        self._host = []  # the host tables (for with_clip)
         keep = [k for k in range(len(sizes)) if int(sizes[k]) > 0]
         self.launches = []
         for lo in range(0, len(keep), width):
             members = keep[lo:lo + width]
-            table = np.zeros((len(members), _kernels.SEG_COLUMNS), np.int64)
+            table = np.zeros((len(members), SEG_COLUMNS), np.int64)
             first = 0
             for r, k in enumerate(members):
-                table[r, _kernels.SEG_OFFSET] = int(offsets[k])
-                table[r, _kernels.SEG_SIZE] = int(sizes[k])
-                table[r, _kernels.SEG_CHUNK] = first
-                table[r, _kernels.SEG_DECAY] = bool(decay[k])
-                table[r, _kernels.SEG_TAIL] = int(tails[k])
-                table[r, _kernels.SEG_ACTIVE] = bool(active[k])
-                table[r, _kernels.SEG_CLIP] = int(clip[k])
+                table[r, SEG_OFFSET] = int(offsets[k])
+                table[r, SEG_SIZE] = int(sizes[k])
+                table[r, SEG_CHUNK] = first
+                table[r, SEG_DECAY] = bool(decay[k])
+                table[r, SEG_TAIL] = int(tails[k])
+                table[r, SEG_ACTIVE] = bool(active[k])
+                table[r, SEG_CLIP] = int(clip[k])
                 first += -(-int(sizes[k]) // self.chunk)
+            self._host.append(table)
             self.launches.append((members, cuda.to_device(table), first))
+
+    def with_clip(self, mode):
+        """These segments with every tensor's clip mode ``mode`` (a copy with its own device
+        tables, cached; ``self`` when every mode already is ``mode``)."""
+        mode = int(mode)
+        if all((t[:, SEG_CLIP] == mode).all() for t in self._host):
+            return self
+        key = ("clip", mode)
+        if key not in self._ones:
+            other = _copy.copy(self)
+            other._ones = {}
+            other._host = [t.copy() for t in self._host]
+            for t in other._host:
+                t[:, SEG_CLIP] = mode
+            other.launches = [(members, cuda.to_device(t), nchunks) for (members, _, nchunks), t
+                              in zip(self.launches, other._host)]
+            self._ones[key] = other
+        return self._ones[key]
 
     def scales(self, dtype, values=None):
         """The per-tensor clip factors on the device, one array per launch.
@@ -431,23 +483,34 @@ class Segments:
         flat = [_flat(arrays[k]) for k in members]
         return tuple(flat + [flat[0]] * (self.width - len(flat)))
 
-    def kernels(self, dtype):
-        """The kernel set of ``dtype`` (:func:`refopt.kernels.cuda._kernels.get`)."""
-        return _kernels.get(self.tpb, self.items, dtype)
-
     def grid(self, nchunks):
         return max(1, min(_config_int("MAX_BLOCKS"), int(nchunks))), self.tpb
 
 
-def _multi_common(dt, segments, scales, clip, weight_decay, learning_rate, average,
-                  ema_momentum, overwrite):
+def _clips(dt, segments, scales, mode):
+    """The rule drivers' per-tensor clip pairs from the per-launch ``scales`` (the norm
+    divisors in mode 2, the global scales in mode 3; ones otherwise)."""
+    if scales is None or mode not in (2, 3):
+        return segments.clip_pairs(dt)
+    values = np.ones(segments.count, dt)
+    for (members, _, _), sc in zip(segments.launches, scales):
+        values[members] = sc.copy_to_host()
+    ones = np.ones(segments.count, dt)
+    return segments.clip_pairs(dt, values if mode == 2 else ones, values if mode == 3 else ones)
+
+
+def _launch_multi(call, params, grads, slots, segments, scales, clip, weight_decay,
+                  learning_rate, average, ema_momentum, overwrite):
+    """One rule call over a group of tensors with the pipeline's clip, decay and EMA."""
+    drivers = _drivers()
+    dt = np.dtype(slots[0].dtype)
     mode, cv, _, _ = clip_args(dt, *clip)
-    if scales is None:
-        scales = segments.ones(dt)
-    wd = dt.type(0) if weight_decay is None else tf_cast(dt, weight_decay)
-    use_ema, mu, omu, ow = _ema_args(dt, ema_momentum if average is not None else None,
-                                     overwrite)
-    return mode, cv, scales, wd, lr_cast(dt, learning_rate), (use_ema, mu, omu, ow)
+    psc, dmode, emode = _pipeline(dt, weight_decay, learning_rate, average, ema_momentum, cv)
+    segs = segments.with_clip(mode)
+    ks = drivers.kernels(call.rule, call.fl, dmode, emode, segs.tpb, dt, items=segs.items)
+    drivers.launch_dense(ks, segs, _clips(dt, segs, scales, mode), params, grads, slots,
+                         average if emode else slots[0], bool(overwrite) and emode != 0, psc,
+                         call.sc)
 
 
 def adam_multi(params, grads, m, v, vhat=None, *, segments, scales=None, learning_rate,
@@ -492,19 +555,12 @@ def adam_multi(params, grads, m, v, vhat=None, *, segments, scales=None, learnin
         From :func:`refopt.reference.adam_scalars` for invalid hyperparameters or ``step``
         (before any launch).
     """
-    dt = np.dtype(m.dtype)
-    s = adam_scalars(dt, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
-                     epsilon=epsilon, step=step)
-    mode, cv, scales, wd, lr, (use_ema, mu, omu, ow) = _multi_common(
-        dt, segments, scales, clip, weight_decay, learning_rate, average, ema_momentum,
-        overwrite)
-    ams = vhat is not None
-    for (members, table, nchunks), sc in zip(segments.launches, scales):
-        segments.kernels(dt).adam_multi[segments.grid(nchunks)](
-            segments.tuples(params, members), segments.tuples(grads, members), table, sc,
-            nchunks, m, v, vhat if ams else m, average if use_ema else m, mode, cv, wd, lr,
-            s.alpha, s.one_minus_beta_1, s.one_minus_beta_2, s.epsilon, ams, use_ema, mu,
-            omu, ow)
+    from refopt.rules.adam import tf_keras_call
+
+    call = tf_keras_call(np.dtype(m.dtype), learning_rate=learning_rate, beta_1=beta_1,
+                         beta_2=beta_2, epsilon=epsilon, step=step, amsgrad=vhat is not None)
+    _launch_multi(call, params, grads, [m, v] + ([vhat] if vhat is not None else []), segments,
+                  scales, clip, weight_decay, learning_rate, average, ema_momentum, overwrite)
 
 
 def sgd_multi(params, grads, m, *, segments, scales=None, learning_rate, momentum,
@@ -523,16 +579,12 @@ def sgd_multi(params, grads, m, *, segments, scales=None, learning_rate, momentu
     learning_rate, momentum : float
     nesterov : bool
     """
-    dt = np.dtype(m.dtype)
-    mode, cv, scales, wd, lr, (use_ema, mu, omu, ow) = _multi_common(
-        dt, segments, scales, clip, weight_decay, learning_rate, average, ema_momentum,
-        overwrite)
-    mom = tf_cast(dt, momentum)
-    for (members, table, nchunks), sc in zip(segments.launches, scales):
-        segments.kernels(dt).sgd_multi[segments.grid(nchunks)](
-            segments.tuples(params, members), segments.tuples(grads, members), table, sc,
-            nchunks, m, average if use_ema else m, mode, cv, wd, lr, mom, bool(nesterov),
-            use_ema, mu, omu, ow)
+    from refopt.rules.sgd import tf_keras_call
+
+    call = tf_keras_call(np.dtype(m.dtype), learning_rate=learning_rate, momentum=momentum,
+                         nesterov=bool(nesterov))
+    _launch_multi(call, params, grads, [m], segments, scales, clip, weight_decay,
+                  learning_rate, average, ema_momentum, overwrite)
 
 
 #: One-tensor segment tables of :func:`adam_dense`/:func:`sgd_dense`, per size, decay flag
@@ -588,7 +640,7 @@ def adam_dense(p, g, m, v, vhat=None, *, learning_rate, beta_1, beta_2, epsilon,
     Each element runs the reference's operations in its order; on the simulator the results
     are bit-identical to :func:`refopt.reference.adam_update` (tested). On a GPU every
     multiply, add and subtract is an explicitly rounded ``mul.rn``/``add.rn``/``sub.rn``
-    that the compiler does not fuse into an FMA (:func:`refopt.kernels.cuda._kernels.ops`;
+    that the compiler does not fuse into an FMA (:func:`refopt.rules.ops.register_cuda`;
     audited in the PTX by :mod:`refopt.kernels.cuda.ptx`).
     """
     if p.size == 0:
@@ -661,21 +713,30 @@ def lazy_adam_rows(p, m, v, vhat, values, indices, *, learning_rate, beta_1, bet
     learning_rate, beta_1, beta_2, epsilon, step, weight_decay
         As :func:`adam_dense`.
     """
-    dt = np.dtype(p.dtype)
-    s = adam_scalars(dt, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
-                     epsilon=epsilon, step=step)
+    from refopt.rules.adam import tf_keras_call
+
+    call = tf_keras_call(np.dtype(p.dtype), learning_rate=learning_rate, beta_1=beta_1,
+                         beta_2=beta_2, epsilon=epsilon, step=step, amsgrad=vhat is not None)
     if np.size(indices) == 0 or p.size == 0:
         return
-    decay, wd, lr = _decay_args(dt, weight_decay, learning_rate)
+    _sparse(call, p, [m, v] + ([vhat] if vhat is not None else []), values, indices,
+            weight_decay, learning_rate, lazy=True)
+
+
+def _sparse(call, p, slots, values, indices, weight_decay, learning_rate, lazy):
+    """A rule's ``rows`` (``lazy``) or ``table`` kernel on the ``(rows, width)`` views of a
+    table and its slots, with Keras' decoupled decay when ``weight_decay`` is given."""
+    drivers = _drivers()
+    check_config()
+    dt = np.dtype(p.dtype)
+    psc, dmode, _ = _pipeline(dt, weight_decay, learning_rate, None, None)
     width, vals, order, starts, urows = _table_inputs(p, values, indices)
     rows = p.shape[0]
-    K, tpb = _kset(dt)
-    M = m.reshape(rows, width)
-    ams = vhat is not None
-    K.lazy_adam_rows[_grid(urows.size * width, tpb)](
-        p.reshape(rows, width), M, v.reshape(rows, width),
-        vhat.reshape(rows, width) if ams else M, vals, order, starts, urows, dt.type(0), ams,
-        decay, wd, lr, s.alpha, s.one_minus_beta_1, s.one_minus_beta_2, s.epsilon)
+    ks = drivers.kernels(call.rule, call.fl, dmode, 0, _tpb(), dt)
+    tables = [a.reshape(rows, width) for a in slots]
+    launch = drivers.launch_rows if lazy else drivers.launch_table
+    launch(ks, p.reshape(rows, width), tables, vals, order, starts, urows, 0, 1, 1, dmode, psc,
+           call.sc)
 
 
 def _table_inputs(p, values, indices):
@@ -728,21 +789,15 @@ def adam_sparse(p, m, v, vhat, values, indices, *, learning_rate, beta_1, beta_2
     ValueError
         From :func:`refopt.reference.adam_scalars` (before any launch).
     """
-    dt = np.dtype(p.dtype)
-    s = adam_scalars(dt, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
-                     epsilon=epsilon, step=step)
+    from refopt.rules.adam import tf_keras_call
+
+    call = tf_keras_call(np.dtype(p.dtype), learning_rate=learning_rate, beta_1=beta_1,
+                         beta_2=beta_2, epsilon=epsilon, step=step, amsgrad=vhat is not None,
+                         table=True)
     if p.size == 0:
         return
-    decay, wd, lr = _decay_args(dt, weight_decay, learning_rate)
-    width, vals, order, starts, urows = _table_inputs(p, values, indices)
-    rows = p.shape[0]
-    K, tpb = _kset(dt)
-    M = m.reshape(rows, width)
-    ams = vhat is not None
-    K.adam_sparse_table[_grid(p.size, tpb)](
-        p.reshape(rows, width), M, v.reshape(rows, width),
-        vhat.reshape(rows, width) if ams else M, vals, order, starts, urows, dt.type(0), ams,
-        decay, wd, lr, s.alpha, s.one_minus_beta_1, s.one_minus_beta_2, s.epsilon)
+    _sparse(call, p, [m, v] + ([vhat] if vhat is not None else []), values, indices,
+            weight_decay, learning_rate, lazy=False)
 
 
 def sgd_sparse(p, m, values, indices, *, learning_rate, momentum, nesterov=False,
@@ -764,13 +819,10 @@ def sgd_sparse(p, m, values, indices, *, learning_rate, momentum, nesterov=False
     weight_decay : float or None
         As :func:`adam_sparse`.
     """
+    from refopt.rules.sgd import tf_keras_call
+
     if p.size == 0:
         return
-    dt = np.dtype(p.dtype)
-    decay, wd, lr = _decay_args(dt, weight_decay, learning_rate)
-    width, vals, order, starts, urows = _table_inputs(p, values, indices)
-    rows = p.shape[0]
-    K, tpb = _kset(dt)
-    K.sgd_sparse_table[_grid(p.size, tpb)](
-        p.reshape(rows, width), m.reshape(rows, width), vals, order, starts, urows,
-        dt.type(0), bool(nesterov), decay, wd, lr, tf_cast(dt, momentum))
+    call = tf_keras_call(np.dtype(p.dtype), learning_rate=learning_rate, momentum=momentum,
+                         nesterov=bool(nesterov), table=True)
+    _sparse(call, p, [m], values, indices, weight_decay, learning_rate, lazy=False)

@@ -1,32 +1,25 @@
-"""Adam and AMSGrad on the GPU: the reference's function over the fused multi-tensor kernel.
+"""Adam and AMSGrad on the GPU: the reference's function over the rule-built kernels.
 
 Same function, same signature, same errors as :mod:`refopt.reference.adam`
-(``tf_keras/optimizers/adam.py``); host arrays in, new host arrays out.
+(``tf_keras/optimizers/adam.py``); host arrays in, new host arrays out. The update is
+:mod:`refopt.rules.adam` (tf-keras' form, the rule ``backend="cuda"`` optimizers run),
+through :func:`refopt.kernels.cuda.drivers.apply` and
+:func:`~refopt.kernels.cuda.drivers.apply_sparse`.
 """
 
 from __future__ import annotations
 
-from refopt import reference as _ref
-from refopt.indexed_slices import IndexedSlices
-from refopt.kernels.cuda._common import (
-    as_float_array,
-    check_grad,
-    check_like,
-    to_dev,
-    to_host,
-)
-from refopt.kernels.cuda._launch import adam_dense, adam_sparse
-from refopt.reference.adam import AdamResult, adam_scalars
+from refopt.reference.adam import AdamResult
 
 __all__ = ["AdamResult", "adam_update"]
 
 
 def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, epsilon, step):
-    r"""One Adam (or AMSGrad) step with the CUDA kernel; returns new host arrays.
+    r"""One Adam (or AMSGrad) step with the CUDA kernels; returns new host arrays.
 
     Parameters, returns, errors and numerics are those of
     :func:`refopt.reference.adam_update`: the arrays are copied to the device, updated there
-    by the kernel the optimizers use (``_kernels.adam_multi``, one tensor) and copied back.
+    by the ``dense`` kernel of :data:`refopt.rules.adam.ADAM` (``AMSGRAD``) and copied back.
 
     Parameters
     ----------
@@ -53,25 +46,12 @@ def adam_update(param, grad, m, v, vhat=None, *, learning_rate, beta_1, beta_2, 
 
     Notes
     -----
-    An ``IndexedSlices`` gradient runs tf-keras' non-lazy sparse update on the device
-    (``_kernels.adam_sparse_table``). Empty arrays are computed by the reference on the host.
+    An ``IndexedSlices`` gradient runs tf-keras' non-lazy sparse update of the whole table
+    on the device (the ``table`` kernel of :data:`refopt.rules.adam.ADAM_TABLE`).
     """
-    param = as_float_array("param", param)
-    grad = check_grad(param, grad)
-    m = check_like(param, "m", m)
-    v = check_like(param, "v", v)
-    if vhat is not None:
-        vhat = check_like(param, "vhat", vhat)
-    hp = dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
-              step=step)
-    adam_scalars(param.dtype, **hp)  # validates the hyperparameters and step
-    if param.size == 0:
-        return _ref.adam_update(param, grad, m, v, vhat, **hp)
-    P, M, V = to_dev(param), to_dev(m), to_dev(v)
-    VH = None if vhat is None else to_dev(vhat)
-    if isinstance(grad, IndexedSlices):
-        adam_sparse(P, M, V, VH, grad.values, grad.indices, **hp)
-    else:
-        adam_dense(P, to_dev(grad), M, V, VH, **hp)
-    return AdamResult(*(None if a is None else to_host(a)
-                        for a in (P, M, V, VH)))
+    from refopt.kernels.cuda.drivers import apply, apply_sparse
+    from refopt.rules.adam import pure_update
+
+    return pure_update(apply, apply_sparse, param, grad, m, v, vhat,
+                       learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                       epsilon=epsilon, step=step)

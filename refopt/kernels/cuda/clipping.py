@@ -1,12 +1,12 @@
 """Gradient clipping by value, by norm and by global norm on the GPU.
 
 Same functions, signatures and errors as :mod:`refopt.reference.clipping`
-(``tensorflow/python/ops/clip_ops.py``). The elementwise parts are the reference's
-operations (bit-identical under the simulator given the same norm). The sums of squares are
-not NumPy's pairwise sums in the dtype: :func:`refopt.kernels.cuda.sumsq` rounds each square
-to the dtype, adds fixed tiles in float64 (deterministic) and rounds the total once, so a
-norm differs from the reference's by at most the reference's own rounding error, a few ulp
-for small tensors (tested within ``n + 2`` ulp for ``n`` elements).
+(``tensorflow/python/ops/clip_ops.py``). The elementwise parts are the pipeline's clip step
+(:func:`refopt.rules.steps.clip`, run as the rule :data:`refopt.rules.steps.CLIP`: the
+reference's operations, bit-identical under the simulator given the same norm). The sums of
+squares are NumPy's pairwise sums in the dtype (:func:`refopt.kernels.cuda.sumsq`, the
+optimizers' :func:`refopt.kernels.cuda.drivers.sums_of_squares`: device leaves, host tree),
+deterministic.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def clip_by_norm(grad, clip_norm):
     -------
     ndarray or IndexedSlices
         As :func:`refopt.reference.clip_by_norm`: elementwise bit-identical given the same
-        norm (under the simulator); the norm within a few ulp (module docstring).
+        norm (under the simulator); the norm as NumPy sums it (module docstring).
 
     Raises
     ------
@@ -131,9 +131,9 @@ def global_norm(grads):
     Returns
     -------
     numpy floating scalar
-        As :func:`refopt.reference.global_norm`, within a few ulp: per tensor
-        ``sum(g * g * 0.5)`` on the device (:func:`refopt.kernels.cuda.sumsq`), then NumPy's
-        sum of those halves in the dtype and ``sqrt(h * 2)`` on the host, as the reference.
+        As :func:`refopt.reference.global_norm`: per tensor ``sum(g * g * 0.5)`` on the
+        device (:func:`refopt.kernels.cuda.sumsq`, NumPy's pairwise order), then NumPy's sum
+        of those halves in the dtype and ``sqrt(h * 2)`` on the host, as the reference.
 
     Raises
     ------
@@ -179,7 +179,7 @@ def clip_by_global_norm(grads, clip_norm, use_norm=None):
         New host gradients, each times the scale rounded to its dtype (the CUDA kernel;
         bit-identical to the reference given the same norm, under the simulator).
     norm : numpy floating scalar
-        The global norm, within a few ulp of the reference's.
+        The global norm, as the reference computes it.
 
     Raises
     ------

@@ -1,13 +1,12 @@
 """Generic CUDA drivers: every fused kernel of ``backend="cuda"`` built from a rule.
 
 The mirror of :mod:`refopt.kernels.cpu.drivers` for numba-cuda. For a rule
-(:mod:`refopt.rules`) with ``k`` slots, :func:`kernels` builds two ``@cuda.jit`` kernels:
+(:mod:`refopt.rules`) with ``k`` slots, :func:`kernels` builds three ``@cuda.jit`` kernels:
 
 ``dense(ps, gs, seg, clip, nchunks, S_0..S_k-1, A, ow, psc, sc)``
-    Multi-tensor apply over a segment table (:class:`refopt.kernels.cuda.Segments`, the
-    table of the hand-written kernels with three more columns): ``ps``/``gs`` are tuples of
-    up to ``config.TENSORS_PER_LAUNCH`` variables and gradients (the tensor of a chunk is
-    found by binary search over the table's first chunks, as ``_kernels.adam_multi`` does),
+    Multi-tensor apply over a segment table (:class:`refopt.kernels.cuda.Segments`):
+    ``ps``/``gs`` are tuples of up to ``config.TENSORS_PER_LAUNCH`` variables and gradients
+    (the tensor of a chunk is found by binary search over the table's first chunks),
     ``seg`` the int64 table (slot offset, size, first chunk, decay flag, tail start, active
     flag, clip mode), ``clip`` a ``(tensors, 2)`` array of the per-tensor clip denominator
     and scale, ``S_i`` the flat slot buffers, ``A`` the flat EMA buffer, ``ow`` whether the
@@ -24,6 +23,16 @@ The mirror of :mod:`refopt.kernels.cpu.drivers` for numba-cuda. For a rule
     order of appearance (``order`` a stable argsort of the indices, ``starts`` the runs;
     the bits of :meth:`refopt.IndexedSlices.deduplicate`), then applies the weight decay
     (mode ``dm``) and the rule's element (``tail`` always False, as the CPU driver).
+``table(P, S_0..S_k-1, vals, order, starts, urows, cm, d, sv, dm, psc, sc, zero)``
+    A whole-table sparse step (tf-keras' non-lazy ``IndexedSlices`` updates) on every
+    element of the ``(rows, width)`` tables, one thread per element: it finds its row among
+    the sorted unique rows (binary search); present, it sums its clipped gradient values as
+    ``rows`` does and applies the decay and the element; absent, the decay and the element
+    with ``g = None`` (a whole-table rule, e.g. :data:`refopt.rules.adam.ADAM_TABLE`, says
+    what its elements do without a gradient).
+
+A rule may have no slot (the pipeline's steps as rules, :mod:`refopt.rules.steps`:
+:func:`launch_one` runs them for the launchers of :mod:`refopt.kernels.cuda._launch`).
 
 The rule's flags ``fl``, the decay mode and the EMA mode are compile-time constants of the
 kernel (captured from the generated module's globals), so every branch on them folds away;
@@ -49,12 +58,12 @@ import threading
 import numpy as np
 from numba.extending import register_jitable
 
-from refopt.kernels.cuda import _kernels, config
-from refopt.kernels.cuda._launch import _grid, _tpb, check_config, cuda, simulator
+from refopt.kernels.cuda import _launch, config
+from refopt.kernels.cuda._launch import _flat, _grid, _tpb, check_config, cuda, simulator
 from refopt.rules import ops, steps
 
-__all__ = ["kernels", "source", "launch_dense", "launch_rows", "sums_of_squares",
-           "pairwise_tree"]
+__all__ = ["kernels", "source", "launch_dense", "launch_rows", "launch_table", "launch_one",
+           "apply", "apply_sparse", "sums_of_squares", "pairwise_tree"]
 
 
 @register_jitable
@@ -69,6 +78,22 @@ def find_segment(seg, c):
         else:
             hi = mid - 1
     return lo
+
+
+@register_jitable
+def find_row(urows, r):
+    """Position of row ``r`` in the sorted unique rows ``urows``, or -1 when absent."""
+    lo = 0
+    hi = urows.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if urows[mid] < r:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < urows.shape[0] and urows[lo] == r:
+        return lo
+    return -1
 
 
 _TEMPLATE = '''\
@@ -131,16 +156,39 @@ def rows(P, {slot_args}vals, order, starts, urows, cm, d, sv, dm, psc, sc, zero)
 {row_stores}
         P[r, c] = pi
         k += stride
+
+
+def table(P, {slot_args}vals, order, starts, urows, cm, d, sv, dm, psc, sc, zero):
+    k = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    width = P.shape[1]
+    total = P.shape[0] * width
+    cv = psc[P_CLIP]
+    while k < total:
+        r = k // width
+        c = k - r * width
+        u = find_row(urows, r)
+        if u >= 0:
+            s = zero
+            for q in range(starts[u], starts[u + 1]):
+                s = add(s, clip_(vals[order[q], c], cm, cv, d, sv))
+            pi, gi = decay(P[r, c], s, dm, psc)
+            pi, {slot_vals} = element(pi, gi, {row_loads}sc, FL, False)
+        else:
+            pi, gi = decay(P[r, c], zero, dm, psc)
+            pi, {slot_vals} = element(pi, None, {row_loads}sc, FL, False)
+{row_stores}
+        P[r, c] = pi
+        k += stride
 '''
 
 
 def source(rule):
-    """The Python source of the two kernels of ``rule`` (its slot count fixes the arguments)."""
+    """The Python source of the three kernels of ``rule`` (its slot count fixes the arguments)."""
     k = rule.arity
-    if k == 0:
-        raise ValueError(f"Rule {rule.name!r} has no slot; give it at least one.")
     names = [f"S{i}" for i in range(k)]
-    vals = ", ".join(f"s{i}" for i in range(k)) + ("," if k == 1 else "")
+    # the element returns (p, s0, ...): unpacked as "pi, s0, ..., = " ("pi, = " without slot)
+    vals = "".join(f"s{i}, " for i in range(k))
     return _TEMPLATE.format(
         rule_name=rule.name,
         slot_args="".join(f"{n}, " for n in names),
@@ -157,7 +205,7 @@ class Kernels:
 
     Attributes
     ----------
-    dense, rows : numba-cuda kernels (the simulator's stand-ins on the simulator)
+    dense, rows, table : numba-cuda kernels (the simulator's stand-ins on the simulator)
     rule, fl, dmode, emode, tpb, items, dtype
         What they were built for.
     """
@@ -166,18 +214,20 @@ class Kernels:
         self.rule, self.fl, self.dmode, self.emode = rule, fl, dmode, emode
         self.tpb, self.items, self.dtype = tpb, items, dtype
         namespace = dict(
-            cuda=cuda, find_segment=find_segment, clip_=steps.clip, decay=steps.decay,
-            ema=steps.ema, add=ops.add, element=rule.element, FL=fl, DMODE=dmode,
-            EMODE=emode, TPB=tpb, ITEMS=items, CHUNK=tpb * items, P_CLIP=steps.P_CLIP,
-            SEG_OFFSET=_kernels.SEG_OFFSET, SEG_SIZE=_kernels.SEG_SIZE,
-            SEG_CHUNK=_kernels.SEG_CHUNK, SEG_DECAY=_kernels.SEG_DECAY,
-            SEG_TAIL=_kernels.SEG_TAIL, SEG_ACTIVE=_kernels.SEG_ACTIVE,
-            SEG_CLIP=_kernels.SEG_CLIP,
+            cuda=cuda, find_segment=find_segment, find_row=find_row, clip_=steps.clip,
+            decay=steps.decay, ema=steps.ema, add=ops.add, element=rule.element, FL=fl,
+            DMODE=dmode, EMODE=emode, TPB=tpb, ITEMS=items, CHUNK=tpb * items,
+            P_CLIP=steps.P_CLIP,
+            SEG_OFFSET=_launch.SEG_OFFSET, SEG_SIZE=_launch.SEG_SIZE,
+            SEG_CHUNK=_launch.SEG_CHUNK, SEG_DECAY=_launch.SEG_DECAY,
+            SEG_TAIL=_launch.SEG_TAIL, SEG_ACTIVE=_launch.SEG_ACTIVE,
+            SEG_CLIP=_launch.SEG_CLIP,
         )
         filename = f"<refopt.kernels.cuda.drivers {rule.name} fl={fl} d={dmode} e={emode}>"
         exec(compile(source(rule), filename, "exec"), namespace)  # noqa: S102
         self.dense = cuda.jit(namespace["dense"])
         self.rows = cuda.jit(namespace["rows"])
+        self.table = cuda.jit(namespace["table"])
 
 
 _LOCK = threading.Lock()
@@ -243,6 +293,63 @@ def launch_rows(ks, P, slots, vals, order, starts, urows, cmode, d, s, dmode, ps
     ks.rows[_grid(urows.shape[0] * width, ks.tpb)](
         P, *slots, vals, order, starts, urows, int(cmode), dt.type(d), dt.type(s), int(dmode),
         tuple(psc), tuple(sc), dt.type(0))
+
+
+def launch_table(ks, P, slots, vals, order, starts, urows, cmode, d, s, dmode, psc, sc):
+    """Run ``ks.table`` on every element of the ``(rows, width)`` views ``P`` and ``slots``
+    (device inputs from ``_launch._table_inputs``: with no index, ``urows = [-1]`` makes every
+    row absent)."""
+    if P.size == 0:
+        return
+    dt = np.dtype(P.dtype)
+    ks.table[_grid(P.size, ks.tpb)](
+        P, *slots, vals, order, starts, urows, int(cmode), dt.type(d), dt.type(s), int(dmode),
+        tuple(psc), tuple(sc), dt.type(0))
+
+
+#: One-tensor segment tables of :func:`launch_one`, per size, tail, decay flag, clip mode and
+#: launch shape: built once (a host-to-device copy) instead of at every call.
+_ONE = {}
+
+
+def launch_one(call, p, g, slots, *, psc=None, dmode=0, emode=0, average=None,
+               overwrite=False, cmode=0, d=1, s=1):
+    """One rule step on one device tensor, in place, by the ``dense`` kernel.
+
+    Parameters
+    ----------
+    call : refopt.rules.RuleCall
+    p, g : 1-d device arrays of one size and dtype
+        The parameter (updated in place) and the gradient.
+    slots : list of 1-d device arrays like ``p``, in the order of ``call.rule.slots``
+    psc : ndarray of the dtype, or None
+        The pipeline's scalars (:mod:`refopt.rules.steps`; None: zeros).
+    dmode, emode : int
+        The decay and EMA modes (the EMA into ``average``, then ``p = average`` with
+        ``overwrite``).
+    cmode, d, s : int, float, float
+        The clip mode, its per-tensor denominator and scale (the clip value in ``psc``).
+    """
+    if p.size == 0:
+        return
+    dt = np.dtype(p.dtype)
+    n = int(p.size)
+    lanes = call.tail_lanes
+    check_config()
+    key = (n, n - n % lanes if lanes else n, dmode != 0, int(cmode), config.THREADS_PER_BLOCK,
+           config.ITEMS_PER_THREAD, config.TENSORS_PER_LAUNCH)
+    segs = _ONE.get(key)
+    if segs is None:
+        if len(_ONE) >= 64:
+            _ONE.clear()
+        segs = _ONE[key] = _launch.Segments([n], [0], [dmode != 0], tails=[key[1]],
+                                            clip=[int(cmode)])
+    clips = segs.clip_pairs(dt, [d], [s]) if cmode in (2, 3, 4) else segs.clip_pairs(dt)
+    ks = kernels(call.rule, call.fl, dmode, emode, segs.tpb, dt, items=segs.items)
+    psc = np.zeros(steps.N_PSC, dt) if psc is None else psc
+    flat = [_flat(a) for a in slots]
+    avg = _flat(average) if average is not None else (flat[0] if flat else p)
+    launch_dense(ks, segs, clips, [p], [g], flat, avg, overwrite, psc, call.sc)
 
 
 # --------------------------------------------------------------------------- sums of squares
@@ -461,21 +568,49 @@ def apply(call, param, grad, slots):
     (ndarray, list of ndarray)
         The new parameter and slots; the inputs are not modified.
     """
-    from refopt.kernels.cuda._launch import Segments
-    from refopt.rules.steps import N_PSC
-
     dtype = np.dtype(param.dtype)
     shape = param.shape
     if param.size == 0:
         return (np.array(param, dtype, copy=True),
                 [np.array(a, dtype, copy=True) for a in slots])
-    n = param.size
-    lanes = call.tail_lanes
     P = cuda.to_device(np.array(param, dtype, order="C").reshape(-1))
     G = cuda.to_device(np.ascontiguousarray(grad, dtype).reshape(-1))
     S = [cuda.to_device(np.array(a, dtype, order="C").reshape(-1)) for a in slots]
-    segs = Segments([n], [0], [False], tails=[n - n % lanes if lanes else n])
-    ks = kernels(call.rule, call.fl, 0, 0, segs.tpb, dtype, items=segs.items)
-    launch_dense(ks, segs, segs.clip_pairs(dtype), [P], [G], S, S[0], False,
-                 np.zeros(N_PSC, dtype), call.sc)
+    launch_one(call, P, G, S)
     return P.copy_to_host().reshape(shape), [d.copy_to_host().reshape(shape) for d in S]
+
+
+def apply_sparse(call, param, grad, slots, lazy):
+    """One rule step with a sparse gradient on one table, on the device, into new host
+    arrays (as :func:`refopt.kernels.cpu.drivers.apply_sparse`).
+
+    Parameters
+    ----------
+    call : refopt.rules.RuleCall
+    param : host ndarray of float16, float32 or float64, shape ``(rows, ...)``
+    grad : IndexedSlices of ``param``'s dtype and shape (validated: indices in range)
+    slots : list of host ndarray like ``param``, in the order of ``call.rule.slots``
+    lazy : bool
+        The ``rows`` kernel (the rows present only), else the ``table`` kernel (every row).
+
+    Returns
+    -------
+    (ndarray, list of ndarray)
+        The new table and slots; the inputs are not modified.
+    """
+    from refopt.kernels.cuda._launch import _table_inputs
+
+    dtype = np.dtype(param.dtype)
+    if param.size == 0 or (lazy and np.size(grad.indices) == 0):  # nothing to update
+        return (np.array(param, dtype, copy=True),
+                [np.array(a, dtype, copy=True) for a in slots])
+    check_config()
+    P = cuda.to_device(np.array(param, dtype, order="C"))
+    S = [cuda.to_device(np.array(a, dtype, order="C")) for a in slots]
+    width, vals, order, starts, urows = _table_inputs(P, grad.values, grad.indices)
+    rows = P.shape[0]
+    ks = kernels(call.rule, call.fl, 0, 0, _tpb(), dtype)
+    launch = launch_rows if lazy else launch_table
+    launch(ks, P.reshape(rows, width), [a.reshape(rows, width) for a in S], vals, order,
+           starts, urows, 0, 1, 1, 0, np.zeros(steps.N_PSC, dtype), call.sc)
+    return P.copy_to_host(), [a.copy_to_host() for a in S]

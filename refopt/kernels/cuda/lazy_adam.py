@@ -1,4 +1,4 @@
-"""Lazy (sparse) Adam on the GPU: the reference's function over the lazy rows kernel.
+"""Lazy (sparse) Adam on the GPU: the reference's function over the Adam rule's ``rows`` kernel.
 
 Same function, same signature, same errors as :mod:`refopt.reference.lazy_adam` (row
 semantics of the TF1 contrib ``LazyAdamOptimizer``, scalars of tf-keras' Adam).
@@ -6,18 +6,8 @@ semantics of the TF1 contrib ``LazyAdamOptimizer``, scalars of tf-keras' Adam).
 
 from __future__ import annotations
 
-from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
-from refopt.kernels.cuda._common import (
-    as_float_array,
-    check_grad,
-    check_like,
-    to_dev,
-    to_host,
-)
-from refopt.kernels.cuda._launch import lazy_adam_rows
 from refopt.kernels.cuda.adam import adam_update
-from refopt.reference.adam import AdamResult, adam_scalars
 
 __all__ = ["lazy_adam_update"]
 
@@ -54,24 +44,14 @@ def lazy_adam_update(
     The tables are copied to the device and back (this function's contract is to return
     new arrays); ``LazyAdam(backend="cuda")`` updates the device tables in place. The
     duplicates are summed from zero in order of appearance by the thread that owns each
-    element of a unique row (``_kernels.lazy_adam_rows``).
+    element of a unique row (the ``rows`` kernel of :data:`refopt.rules.adam.ADAM`).
     """
     if not isinstance(grad, IndexedSlices):
         return adam_update(param, grad, m, v, vhat, learning_rate=learning_rate,
                            beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, step=step)
-    param = as_float_array("param", param)
-    grad = check_grad(param, grad)
-    m = check_like(param, "m", m)
-    v = check_like(param, "v", v)
-    if vhat is not None:
-        vhat = check_like(param, "vhat", vhat)
-    hp = dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
-              step=step)
-    adam_scalars(param.dtype, **hp)
-    if param.size == 0:
-        return _ref.lazy_adam_update(param, grad, m, v, vhat, **hp)
-    P, M, V = to_dev(param), to_dev(m), to_dev(v)
-    VH = None if vhat is None else to_dev(vhat)
-    lazy_adam_rows(P, M, V, VH, grad.values, grad.indices, **hp)
-    return AdamResult(*(None if a is None else to_host(a)
-                        for a in (P, M, V, VH)))
+    from refopt.kernels.cuda.drivers import apply, apply_sparse
+    from refopt.rules.adam import pure_update
+
+    return pure_update(apply, apply_sparse, param, grad, m, v, vhat,
+                       learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                       epsilon=epsilon, step=step, lazy=True)

@@ -3,12 +3,13 @@
 The simulator runs the kernels as Python, so it can neither catch a kernel numba cannot type
 or lower for a device, nor see what NVVM does to the arithmetic. This module asks numba-cuda
 and NVVM (no driver, no GPU: ``cuda.compile_ptx`` with an explicit compute capability) for
-the PTX of every kernel of :mod:`refopt.kernels.cuda._kernels`, with the argument types the
-launchers in :mod:`refopt.kernels.cuda._launch` pass, and of the kernels the rule drivers
-(:mod:`refopt.kernels.cuda.drivers`) build for every form the optimizers use
+the PTX of the kernels the rule drivers (:mod:`refopt.kernels.cuda.drivers`, which build
+every CUDA kernel of refopt) build for every form the optimizers and the launchers use
 (:func:`rule_variants`: Adam, AMSGrad, AdamW, the lazy row rules and SGD of every convention
-preset, with their decay and EMA modes; all of them at the first compute capability, one per
-form at the others), in float16, float32 and float64, and checks:
+preset, with their decay and EMA modes; tf-keras' whole-table sparse rules; the pipeline's
+clip, decay and EMA steps as rules; all of them at the first compute capability, one per
+form at the others) and of the pairwise sum-of-squares leaves, with the argument types the
+drivers' launchers pass, in float16, float32 and float64, and checks:
 
 - **no contraction**: no ``fma`` and no float ``mul`` without an explicit rounding modifier
   (ptxas may fuse a plain ``mul.f32`` with a following add), so each multiply and add rounds
@@ -69,7 +70,7 @@ class KernelPTX:
     Attributes
     ----------
     name : str
-        The kernel's name in :mod:`refopt.kernels.cuda._kernels` (or ``"control"``).
+        ``"rule <kernel>: <variant>"``, ``"rule leaf_sums"`` or ``"control"``.
     dtype : str
         ``"float16"``, ``"float32"`` or ``"float64"``.
     cc : tuple of int
@@ -220,67 +221,23 @@ def param_bytes(ptx):
     return offset
 
 
-def kernel_signatures(dtype, width):
-    """The numba argument types of each kernel, as the launchers in ``_launch`` call them.
-
-    Built with ``numba.typeof`` from values of the types the launchers pass: C-contiguous
-    1-d arrays of ``dtype`` (``_flat`` views) or 2-d (lazy rows: ``reshape(rows, width)``),
-    int64 tables, NumPy scalars of ``dtype`` (every scalar is rounded to it on the host),
-    Python ``int`` (typed int64) and ``bool``; tuples of ``width`` arrays for the
-    multi-tensor kernels (``Segments.tuples`` pads to ``config.TENSORS_PER_LAUNCH``).
-    ``tests/test_cuda_ptx.py`` checks this table against the arguments of real launches on
-    the simulator.
-
-    Parameters
-    ----------
-    dtype : numpy dtype, float16, float32 or float64
-    width : int
-        Tensors per multi-tensor launch.
-
-    Returns
-    -------
-    dict of str to tuple of numba types
-    """
-    from numba import typeof, types
-
-    dtype = np.dtype(dtype)
-    a1 = typeof(np.zeros(2, dtype))
-    a2 = typeof(np.zeros((2, 2), dtype))
-    i1 = typeof(np.zeros(2, np.int64))
-    i2 = typeof(np.zeros((2, 2), np.int64))
-    f64a = typeof(np.zeros(2, np.float64))
-    s = typeof(dtype.type(1))
-    f64 = typeof(np.float64(0))
-    n = typeof(1)
-    b = typeof(True)
-    tup = types.UniTuple(a1, width)
-    return {
-        "adam_multi": (tup, tup, i2, a1, n, a1, a1, a1, a1, n, s, s, s, s, s, s, s, b, b, s,
-                       s, b),
-        "sgd_multi": (tup, tup, i2, a1, n, a1, a1, n, s, s, s, s, b, b, s, s, b),
-        "lazy_adam_rows": (a2, a2, a2, a2, a2, i1, i1, i1, s, b, b, s, s, s, s, s, s),
-        "adam_sparse_table": (a2, a2, a2, a2, a2, i1, i1, i1, s, b, b, s, s, s, s, s, s),
-        "sgd_sparse_table": (a2, a2, a2, i1, i1, i1, s, b, b, s, s, s),
-        "ema_k": (a1, a1, s, s, b),
-        "clip_k": (a1, a1, n, s, s, s),
-        "decay_k": (a1, a1, s, s),
-        "sumsq_blocks": (a1, f64a, f64, b, s),
-        "copy_k": (a1, a1),
-    }
-
-
 def rule_kernel_signatures(dtype, width, arity):
     """The numba argument types of the rule drivers' kernels (:mod:`refopt.kernels.cuda.drivers`)
     for a rule of ``arity`` slots, as :func:`~refopt.kernels.cuda.drivers.launch_dense`,
-    :func:`~refopt.kernels.cuda.drivers.launch_rows` and
-    :func:`~refopt.kernels.cuda.drivers.sums_of_squares` pass them: the pipeline's 8 and the
-    rule's 16 scalars as tuples of ``dtype`` scalars, the clip pairs a ``(tensors, 2)`` array,
-    the leaf sums of float16 in float32.
+    :func:`~refopt.kernels.cuda.drivers.launch_rows`,
+    :func:`~refopt.kernels.cuda.drivers.launch_table` and
+    :func:`~refopt.kernels.cuda.drivers.sums_of_squares` pass them: C-contiguous 1-d arrays
+    of ``dtype`` (2-d for the sparse kernels' ``(rows, width)`` tables), int64 tables, the
+    pipeline's 8 and the rule's 16 scalars as tuples of ``dtype`` scalars, the clip pairs a
+    ``(tensors, 2)`` array, Python ``int`` (int64) and ``bool``, tuples of ``width`` arrays
+    (``Segments.tuples`` pads to ``config.TENSORS_PER_LAUNCH``), the leaf sums of float16 in
+    float32. ``tests/test_cuda_ptx.py`` checks this table against the arguments of real
+    launches on the simulator.
 
     Returns
     -------
     dict of str to tuple of numba types
-        ``"dense"``, ``"rows"`` and ``"leaf_sums"``.
+        ``"dense"``, ``"rows"``, ``"table"`` and ``"leaf_sums"``.
     """
     from numba import typeof, types
 
@@ -299,33 +256,45 @@ def rule_kernel_signatures(dtype, width, arity):
     return {
         "dense": (tup, tup, i2, a2, n) + (a1,) * arity + (a1, b, psc, sc),
         "rows": (a2,) + (a2,) * arity + (a2, i1, i1, i1, n, s, s, n, psc, sc, s),
+        "table": (a2,) + (a2,) * arity + (a2, i1, i1, i1, n, s, s, n, psc, sc, s),
         "leaf_sums": (tup, i1, i1, i1, typeof(np.zeros(2, acc)), b, s, typeof(acc.type(0))),
     }
 
 
 def rule_variants(dtype=np.float32, rmsprop=False):
-    """The rule kernels the optimizers build, one per distinct ``(rule, flags, decay mode,
-    EMA mode)``, gathered from real optimizers of every convention preset: Adam, AMSGrad,
-    AdamW, Adam with its convention's weight decay, with the EMA where the convention has
-    one; LazyAdam's row rule (SparseAdam for torch); SGD with momentum, Nesterov, PyTorch's
-    momentum 0; with ``rmsprop``, RMSprop plain and centered with momentum (not by default:
-    its ``ops.rsqrt`` calls ``math.frexp``, whose numba-cuda lowering has one plain
+    """The rule kernels the optimizers and the launchers build, one per distinct ``(rule,
+    flags, decay mode, EMA mode, kernel)``, gathered from real optimizers of every convention
+    preset: Adam, AMSGrad, AdamW, Adam with its convention's weight decay, with the EMA where
+    the convention has one; LazyAdam's row rule (SparseAdam for torch); SGD with momentum,
+    Nesterov, PyTorch's momentum 0; tf-keras' whole-table sparse Adam, AMSGrad and SGD
+    (:func:`refopt.kernels.cuda.adam_sparse`, :func:`~refopt.kernels.cuda.sgd_sparse`), with
+    and without Keras' decay; the pipeline's steps as rules (clip by value, by norm, by the
+    global scale, decay, EMA: the launchers :func:`~refopt.kernels.cuda.clip_dense`,
+    :func:`~refopt.kernels.cuda.decay_dense`, :func:`~refopt.kernels.cuda.ema_dense` and
+    the mirror functions); with ``rmsprop``, RMSprop plain and centered with momentum (not by
+    default: its ``ops.rsqrt`` calls ``math.frexp``, whose numba-cuda lowering has one plain
     ``mul.f64`` by 2**54 and one ``add.f64`` ``x + x``, both exact, which the audit's rule
     "every multiply explicitly rounded" flags).
 
     Returns
     -------
-    list of (label, Rule, fl tuple, dmode, emode, rows)
-        ``rows``: the variant runs the ``rows`` kernel (a lazy row rule), else ``dense``.
+    list of (label, Rule, fl tuple, dmode, emode, kind)
+        ``kind``: the kernel the variant runs, ``"dense"``, ``"rows"`` (a lazy row rule) or
+        ``"table"`` (a whole-table sparse rule).
     """
     import refopt
     from refopt.conventions import PRESETS
     from refopt.executors import plan as _plan
+    from refopt.rules import adam as rules_adam
+    from refopt.rules import sgd as rules_sgd
+    from refopt.rules import steps
 
     dtype = np.dtype(dtype)
     out = {}
 
     def add(label, opt, rows=False):
+        if opt is None:
+            return
         rc = opt.update_rule(dtype, 0.01, 3, lazy_rows=rows,
                              optax_weight_decay=(opt.weight_decay
                                                  if opt.weight_decay is not None
@@ -334,8 +303,17 @@ def rule_variants(dtype=np.float32, rmsprop=False):
             return
         pl = _plan.plan(opt, dtype, 0.01, 3, 0)
         dmode, emode = (pl.dmode, 0 if rows else pl.emode) if pl is not None else (0, 0)
-        key = (rc.rule.name, tuple(int(f) for f in rc.fl), dmode, emode, rows)
-        out.setdefault(key, (f"{label}", rc.rule, key[1], dmode, emode, rows))
+        direct(label, rc, dmode, emode, "rows" if rows else "dense")
+
+    def refused_or(cls, **kwargs):  # None where the convention refuses the configuration
+        try:
+            return cls(**kwargs)
+        except ValueError:  # e.g. torch's LazyAdam (SparseAdam) has no amsgrad
+            return None
+
+    def direct(label, rc, dmode=0, emode=0, kind="dense"):
+        key = (rc.rule.name, tuple(int(f) for f in rc.fl), dmode, emode, kind)
+        out.setdefault(key, (f"{label}", rc.rule, key[1], dmode, emode, kind))
 
     for name, conv in PRESETS.items():
         ema = conv.ema != "none"
@@ -348,8 +326,8 @@ def rule_variants(dtype=np.float32, rmsprop=False):
         if conv.adam_weight_decay != "none":
             add(f"{name} Adam wd", refopt.Adam(weight_decay=0.01, **base))
         add(f"{name} LazyAdam rows", refopt.LazyAdam(convention=name), rows=True)
-        add(f"{name} LazyAdam AMSGrad rows", refopt.LazyAdam(amsgrad=True, convention=name),
-            rows=True)
+        add(f"{name} LazyAdam AMSGrad rows", refused_or(refopt.LazyAdam, amsgrad=True,
+                                                        convention=name), rows=True)
         add(f"{name} SGD momentum", refopt.SGD(momentum=0.9, **base))
         add(f"{name} SGD Nesterov", refopt.SGD(momentum=0.9, nesterov=True, **base))
         add(f"{name} SGD", refopt.SGD(**base))
@@ -364,6 +342,21 @@ def rule_variants(dtype=np.float32, rmsprop=False):
             add(f"{name} RMSprop", refopt.RMSprop(learning_rate=0.01, **base))
             add(f"{name} RMSprop centered momentum",
                 refopt.RMSprop(learning_rate=0.01, centered=True, momentum=0.9, **base))
+    # tf-keras' whole-table sparse updates (decay mode 1: Keras' decoupled decay)
+    hp = dict(learning_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-7, step=3, table=True)
+    direct("tf_keras Adam table", rules_adam.tf_keras_call(dtype, amsgrad=False, **hp),
+           kind="table")
+    direct("tf_keras AdamW AMSGrad table", rules_adam.tf_keras_call(dtype, amsgrad=True, **hp),
+           1, kind="table")
+    for nesterov, dmode in ((False, 0), (True, 1)):
+        direct(f"tf_keras SGD{' Nesterov wd' if nesterov else ''} table",
+               rules_sgd.tf_keras_call(dtype, learning_rate=0.01, momentum=0.9,
+                                       nesterov=nesterov, table=True), dmode, kind="table")
+    # the pipeline's steps as rules (the launchers' and mirror functions' one-tensor kernels)
+    for label, rule, mode in (("clip by value", steps.CLIP, 1), ("clip by norm", steps.CLIP, 2),
+                              ("clip global", steps.CLIP, 3), ("decay", steps.DECAY, 1),
+                              ("ema", steps.EMA, 1)):
+        direct(f"step {label}", steps.step_call(rule, dtype, mode))
     return list(out.values())
 
 
@@ -408,7 +401,8 @@ def _require_toolchain():
 #: one per form, the driver code is the same whatever the target.
 REPRESENTATIVE_RULES = ("tf_keras Adam", "tf_keras AdamW AMSGrad", "tf_keras LazyAdam rows",
                         "torch Adam wd", "torch LazyAdam rows", "optax AdamW AMSGrad",
-                        "torch SGD Nesterov", "tf1 SGD rows")
+                        "torch SGD Nesterov", "tf1 SGD rows", "tf_keras AdamW AMSGrad table",
+                        "step clip by norm")
 
 
 def _report(name, dt, cc, ptx):
@@ -423,19 +417,18 @@ def _report(name, dt, cc, ptx):
 def rule_kernels(dtype, width, tpb=256, items=8, labels=None, rmsprop=False):
     """``(name, py_func, signature)`` of the rule drivers' kernels to audit for ``dtype``.
 
-    Every :func:`rule_variants` (those named in ``labels`` when given), its ``dense`` or
-    ``rows`` kernel as the optimizers launch it; and the pairwise sum-of-squares leaf kernel.
-    Names: ``"rule dense: <variant>"``, ``"rule rows: <variant>"``, ``"rule leaf_sums"``.
+    Every :func:`rule_variants` (those named in ``labels`` when given), its ``dense``,
+    ``rows`` or ``table`` kernel as the optimizers and launchers launch it; and the pairwise
+    sum-of-squares leaf kernel. Names: ``"rule <kind>: <variant>"``, ``"rule leaf_sums"``.
     """
     from refopt.kernels.cuda import drivers
 
     dtype = np.dtype(dtype)
     out = []
-    for label, rule, fl, dmode, emode, rows in rule_variants(dtype, rmsprop=rmsprop):
+    for label, rule, fl, dmode, emode, kind in rule_variants(dtype, rmsprop=rmsprop):
         if labels is not None and label not in labels:
             continue
         ks = drivers.kernels(rule, fl, dmode, emode, tpb, dtype, items=items)
-        kind = "rows" if rows else "dense"
         sig = rule_kernel_signatures(dtype, width, rule.arity)[kind]
         out.append((f"rule {kind}: {label}", getattr(ks, kind).py_func, sig))
     leaf = drivers._leaf_kernel(tpb, dtype)
@@ -470,10 +463,9 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
     Returns
     -------
     list of KernelPTX
-        The kernels' reports (the hand-written kernels of :mod:`~refopt.kernels.cuda._kernels`
-        and the rule drivers' kernels, named ``"rule ..."``), then one ``"control"`` report
-        per cc and dtype, whose ``problems`` list the contraction NVVM applied to plain
-        operators.
+        The kernels' reports (the rule drivers' kernels, named ``"rule ..."``), then one
+        ``"control"`` report per cc and dtype, whose ``problems`` list the contraction NVVM
+        applied to plain operators.
 
     Raises
     ------
@@ -507,15 +499,9 @@ def _compile_task(cc, dtype, tpb, items, width, labels, rmsprop):
     cuda = _require_toolchain()
     from numba import typeof
 
-    from refopt.kernels.cuda import _kernels
-
     dt = np.dtype(dtype)
     reports = []
     with _device_stand_in(cc):
-        K = _kernels.get(tpb, items, dt)
-        for name, sig in kernel_signatures(dt, width).items():
-            ptx, _ = cuda.compile_ptx(getattr(K, name).py_func, sig, cc=tuple(cc))
-            reports.append(_report(name, dt, cc, ptx))
         for name, fn, sig in rule_kernels(dt, width, tpb, items, labels, rmsprop):
             ptx, _ = cuda.compile_ptx(fn, sig, cc=tuple(cc))
             reports.append(_report(name, dt, cc, ptx))
@@ -557,23 +543,18 @@ def compile_on_device(dtypes=(np.float16, np.float32, np.float64), tpb=256, item
     if not cuda.is_available():
         raise RuntimeError("--device needs a usable CUDA GPU (numba.cuda.is_available() is "
                            "False); without one, audit with compile_ptx (no --device).")
-    from refopt.kernels.cuda import _kernels, config
+    from refopt.kernels.cuda import config, drivers
 
     cc = tuple(cuda.get_current_device().compute_capability)
     width = int(config.TENSORS_PER_LAUNCH if width is None else width)
     reports = []
     for dt in dtypes:
         dt = np.dtype(dt)
-        K = _kernels.get(tpb, items, dt)
-        from refopt.kernels.cuda import drivers
-
-        kernels = [(name, getattr(K, name), sig)
-                   for name, sig in kernel_signatures(dt, width).items()]
-        for label, rule, fl, dmode, emode, rows in rule_variants(dt):
+        kernels = []
+        for label, rule, fl, dmode, emode, kind in rule_variants(dt):
             if not all_rules and label not in REPRESENTATIVE_RULES:
                 continue
             ks = drivers.kernels(rule, fl, dmode, emode, tpb, dt, items=items)
-            kind = "rows" if rows else "dense"
             kernels.append((f"rule {kind}: {label}", getattr(ks, kind),
                             rule_kernel_signatures(dt, width, rule.arity)[kind]))
         kernels.append(("rule leaf_sums", drivers._leaf_kernel(tpb, dt),

@@ -1,23 +1,12 @@
 """SGD with momentum and Nesterov momentum on the GPU: the reference's function.
 
 Same function, same signature, same errors as :mod:`refopt.reference.sgd`
-(``tf_keras/optimizers/sgd.py``); host arrays in, new host arrays out.
+(``tf_keras/optimizers/sgd.py``); host arrays in, new host arrays out. The update is
+:mod:`refopt.rules.sgd` (Keras' form, the rule ``backend="cuda"`` optimizers run).
 """
 
 from __future__ import annotations
 
-from refopt import reference as _ref
-from refopt.indexed_slices import IndexedSlices
-from refopt.kernels.cuda._common import (
-    as_float_array,
-    check_flag,
-    check_grad,
-    check_like,
-    check_scalar,
-    to_dev,
-    to_host,
-)
-from refopt.kernels.cuda._launch import sgd_dense, sgd_sparse
 from refopt.reference.sgd import SGDResult
 
 __all__ = ["SGDResult", "sgd_update"]
@@ -47,22 +36,12 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
 
     Notes
     -----
-    Dense gradients run ``_kernels.sgd_multi`` (one tensor), ``IndexedSlices`` gradients
-    tf-keras' sparse update of the whole table (``_kernels.sgd_sparse_table``). Empty
-    arrays are computed by the reference on the host.
+    Dense gradients run the ``dense`` kernel of :data:`refopt.rules.sgd.SGD`,
+    ``IndexedSlices`` gradients tf-keras' sparse update of the whole table (the ``table``
+    kernel of :data:`~refopt.rules.sgd.SGD_TABLE`).
     """
-    param = as_float_array("param", param)
-    grad = check_grad(param, grad)
-    m = check_like(param, "m", m)
-    check_scalar("learning_rate", learning_rate)
-    check_scalar("momentum", momentum)
-    nesterov = check_flag("nesterov", nesterov)
-    hp = dict(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov)
-    if param.size == 0:
-        return _ref.sgd_update(param, grad, m, **hp)
-    P, M = to_dev(param), to_dev(m)
-    if isinstance(grad, IndexedSlices):
-        sgd_sparse(P, M, grad.values, grad.indices, **hp)
-    else:
-        sgd_dense(P, to_dev(grad), M, **hp)
-    return SGDResult(to_host(P), to_host(M))
+    from refopt.kernels.cuda.drivers import apply, apply_sparse
+    from refopt.rules.sgd import pure_update
+
+    return pure_update(apply, apply_sparse, param, grad, m, learning_rate=learning_rate,
+                       momentum=momentum, nesterov=nesterov)

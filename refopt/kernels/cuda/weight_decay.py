@@ -1,20 +1,12 @@
-"""Decoupled weight decay on the GPU: the reference's function over the decay kernel.
+"""Decoupled weight decay on the GPU: the reference's function.
 
 Same function, same signature, same errors as :mod:`refopt.reference.weight_decay`
-(``tf_keras/optimizers/optimizer.py``, ``_apply_weight_decay``).
+(``tf_keras/optimizers/optimizer.py``, ``_apply_weight_decay``). The update is
+:func:`refopt.rules.steps.decay` (the step the optimizers' fused kernels run), as the rule
+:data:`refopt.rules.steps.DECAY`.
 """
 
 from __future__ import annotations
-
-from refopt import reference as _ref
-from refopt.kernels.cuda._common import (
-    as_float_array,
-    check_scalar,
-    cuda,
-    to_dev,
-    to_host,
-)
-from refopt.kernels.cuda._launch import decay_dense
 
 __all__ = ["apply_weight_decay"]
 
@@ -31,20 +23,15 @@ def apply_weight_decay(param, *, learning_rate, weight_decay):
     -------
     ndarray
         A new host array; under the simulator bit-identical to
-        :func:`refopt.reference.apply_weight_decay` (tested). Empty arrays are computed by the
-        reference.
+        :func:`refopt.reference.apply_weight_decay` (tested).
 
     Raises
     ------
     TypeError
         As :func:`refopt.reference.apply_weight_decay`.
     """
-    param = as_float_array("param", param)
-    check_scalar("learning_rate", learning_rate)
-    check_scalar("weight_decay", weight_decay)
-    if param.size == 0:
-        return _ref.apply_weight_decay(param, learning_rate=learning_rate,
-                                       weight_decay=weight_decay)
-    out = cuda.device_array(param.shape, param.dtype)
-    decay_dense(out, to_dev(param), learning_rate=learning_rate, weight_decay=weight_decay)
-    return to_host(out)
+    from refopt.kernels.cuda.drivers import apply
+    from refopt.rules.steps import pure_weight_decay
+
+    return pure_weight_decay(apply, param, learning_rate=learning_rate,
+                             weight_decay=weight_decay)
