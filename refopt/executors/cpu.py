@@ -43,7 +43,7 @@ from refopt.indexed_slices import IndexedSlices
 from refopt.kernels.cpu import _kernels as K
 from refopt.kernels.cpu import drivers
 from refopt.kernels.cpu._common import launch, rows2d, stable_order
-from refopt.kernels.cpu.clipping import global_norm, sums_of_squares
+from refopt.kernels.cpu.clipping import global_norm, sums_of_squares, torch_norms
 
 __all__ = ["CpuExecutor", "FlatState", "quick_pairs", "try_fast_step"]
 
@@ -334,17 +334,20 @@ def try_fast_step(opt, positions, grads, lr_value):
     per_var = conv.step_counter == "per_variable"
     steps = [(opt._var_steps[i] if per_var else opt._iterations) + 1 for i in positions]
 
-    # Norms: every gradient's sum of squares (NumPy's pairwise order), one call per dtype.
+    # Norms: every gradient's sum of squares (NumPy's pairwise order), or under PyTorch's
+    # formula its torch.linalg.vector_norm (PyTorch's order), one call per dtype.
     values = [g if type(g) is np.ndarray else rows2d(g.values) for g in grads]
     sums = [None] * len(grads)
     gnorm = None
+    by_torch = conv.clip_formula == "torch"
     if kind in ("norm", "global"):
         if kind == "global" and conv.clip_formula == "tf":
             gnorm = global_norm(grads)  # TypeError on mixed dtypes, as TF
         else:
+            reduce_ = torch_norms if by_torch else sums_of_squares
             for dt in {dtype_of[i] for i in positions}:
                 ks = [k for k, i in enumerate(positions) if dtype_of[i] == dt]
-                for k, v in zip(ks, sums_of_squares([values[k] for k in ks], dt)):
+                for k, v in zip(ks, reduce_([values[k] for k in ks], dt)):
                     sums[k] = v
 
     # Clip mode, denominator and scale per gradient (global clipping over all of them).
@@ -359,7 +362,10 @@ def try_fast_step(opt, positions, grads, lr_value):
         cm, cd, cs = [None] * len(grads), [None] * len(grads), [None] * len(grads)
         for dt, ks in by_dtype.items():
             sub = [sums[k] for k in ks] if sums[ks[0]] is not None else None
-            cmode, cden, cscale, cv = _plan.clip_arrays(opt, dt, len(ks), sub, gnorm)
+            if by_torch:  # sub: the norms
+                cmode, cden, cscale, cv = _plan.clip_arrays(opt, dt, len(ks), norms=sub)
+            else:
+                cmode, cden, cscale, cv = _plan.clip_arrays(opt, dt, len(ks), sub, gnorm)
             cvs[dt] = cv
             for j, k in enumerate(ks):
                 cm[k], cd[k], cs[k] = cmode[j], cden[j], cscale[j]
@@ -410,10 +416,11 @@ def try_fast_step(opt, positions, grads, lr_value):
     for k, i, g, grp in rows_calls:
         if grp.plan.dmode == 3 or grp.plan.optax_weight_decay is not None:
             return False  # the framework refuses this decay with sparse gradients
-        rc = opt._rule(grp.dtype, lr_value, grp.step, lazy_rows=True)
+        var = opt._vars[i]
+        rc = opt._rule(grp.dtype, lr_value, grp.step, lazy_rows=True,
+                       row_width=int(np.prod(var.shape[1:])))
         if rc is None:
             return False
-        var = opt._vars[i]
         (vals,), _ = _safe_grads(state, [rows2d(g.values)])
         K = drivers.kernels(rc.rule, rc.fl, grp.plan.dmode)
         order, srows = stable_order(g.indices)

@@ -538,7 +538,8 @@ def _fused(opt, positions, grads, lr_value, kc):
         dt = dtype_of[i]
         pl = grp.plan
         if how[k] == "rows":
-            rc = opt._rule(dt, lr_value, steps[k], lazy_rows=True)
+            rc = opt._rule(dt, lr_value, steps[k], lazy_rows=True,
+                           row_width=int(np.prod(tuple(d.shape)[1:])))
             if rc is None or rc.tail_lanes or not set(rc.rule.slots) <= slot_names:
                 raise _Fallback(f"{type(opt).__name__} has no row rule for this step")
             if d.size == 0 or np.size(g.indices) == 0:

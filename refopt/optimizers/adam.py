@@ -178,7 +178,7 @@ class Adam(Optimizer):
         return None
 
     def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
-                    optax_weight_decay=None):
+                    optax_weight_decay=None, row_width=None):
         """The fast paths' rule for one step (see :meth:`Optimizer.update_rule`)."""
         from refopt.rules.adam import adam_call
 

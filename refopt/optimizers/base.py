@@ -525,7 +525,7 @@ class Optimizer:
         return new_param, out
 
     def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
-                    optax_weight_decay=None):
+                    optax_weight_decay=None, row_width=None):
         """The rule the fast backends run for one step of variables of ``dtype``, or ``None``.
 
         Override it, together with :meth:`update_step`, to make an optimizer fast on
@@ -543,6 +543,9 @@ class Optimizer:
             The 1-based step ``t`` of these variables.
         lazy_rows : bool
             The call is for the present rows of a lazy sparse step.
+        row_width : int or None
+            With ``lazy_rows``: the elements per row of that step's variable (TF1's
+            Adagrad computes rows of one element differently).
         optax_weight_decay : float or None
             optax ``adamw``'s decay, inside the update.
         """

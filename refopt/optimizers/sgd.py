@@ -116,7 +116,7 @@ class SGD(Optimizer):
         return "sgd_table" if self.convention.sgd_momentum == "keras" else "densify"
 
     def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
-                    optax_weight_decay=None):
+                    optax_weight_decay=None, row_width=None):
         """The fast paths' rule for one step (see :meth:`Optimizer.update_rule`)."""
         from refopt.rules.sgd import sgd_call
 
