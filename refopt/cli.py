@@ -88,14 +88,21 @@ DEMO_QUERY_WORDS = (
 _DEMO_MAX_QUERIES = 6
 
 
+def _demo_optimizers():
+    from refopt.demo import DEMO_OPTIMIZERS
+
+    return DEMO_OPTIMIZERS
+
+
 def _add_demo(subparsers):
     p = subparsers.add_parser(
         "demo",
-        help="train word2vec embeddings with LazyAdam on a real corpus",
+        help="train word2vec embeddings with LazyAdam (or --optimizer) on a real corpus",
         description=(
             "Train skip-gram word embeddings with negative sampling (word2vec SGNS) with "
-            "LazyAdam, which updates the input and output embedding tables from IndexedSlices "
-            "gradients (many duplicate rows per batch). Prints the corpus summary, the mean "
+            "LazyAdam (or --optimizer NAME), which updates the input and output embedding "
+            "tables from IndexedSlices gradients (many duplicate rows per batch), and say "
+            "which update the optimizer applies to the rows. Prints the corpus summary, the mean "
             "loss per epoch, the nearest neighbours of a few frequent words and the speed. "
             "The default corpus is the CPython documentation shipped with Python "
             "(pydoc_data.topics). With the defaults it takes about 10 seconds on two CPU cores."
@@ -147,8 +154,15 @@ def _add_demo(subparsers):
         help="(center, context) pairs per optimizer step (default: %(default)s)",
     )
     model.add_argument(
-        "--learning-rate", type=_positive_float, default=0.005, metavar="LR",
-        help="LazyAdam learning rate (default: %(default)s)",
+        "--optimizer", default="LazyAdam", choices=sorted(_demo_optimizers()),
+        metavar="NAME",
+        help="the optimizer that updates both embedding tables from IndexedSlices gradients: "
+        + ", ".join(f"{k} (learning rate {v:g})" for k, v in _demo_optimizers().items())
+        + " (default: %(default)s)",
+    )
+    model.add_argument(
+        "--learning-rate", type=_positive_float, default=None, metavar="LR",
+        help="learning rate (default: the optimizer's, see --optimizer)",
     )
     model.add_argument(
         "--seed", type=_int_at_least(0), default=0, metavar="N",
@@ -156,8 +170,8 @@ def _add_demo(subparsers):
     )
     model.add_argument(
         "--backend", default="cpu",
-        help="LazyAdam backend: cpu (Numba kernels, bit-identical to the reference) or "
-        "reference (pure NumPy) (default: %(default)s)",
+        help="the optimizer's backend: cpu (Numba kernels, bit-identical to the reference) "
+        "or reference (pure NumPy) (default: %(default)s)",
     )
     model.add_argument(
         "--no-compare", action="store_true",
@@ -209,7 +223,7 @@ def _run_demo(args):
         )
 
     try:
-        optimizer = demo.make_optimizer(args.learning_rate, args.backend)
+        optimizer = demo.make_optimizer(args.learning_rate, args.backend, args.optimizer)
     except (NotImplementedError, ValueError) as exc:
         option = "--backend" if "backend" in str(exc) else "--learning-rate"
         value = args.backend if option == "--backend" else args.learning_rate
@@ -233,7 +247,9 @@ def _run_demo(args):
 
     covered = int(vocab.counts.sum())
     capped = f" (first {len(tokens):,} of {len(all_tokens):,})" if len(tokens) < len(all_tokens) else ""
-    print(f"refopt demo: word2vec skip-gram with negative sampling, LazyAdam "
+    opt_name = args.optimizer
+    lr = optimizer.learning_rate
+    print(f"refopt demo: word2vec skip-gram with negative sampling, {opt_name} "
           f"(backend {args.backend!r})")
     print(f"corpus      {corpus_name}")
     print(f"tokens      {len(tokens):,}{capped}")
@@ -241,7 +257,8 @@ def _run_demo(args):
           f"{args.vocab_size:,}), covering {covered:,} tokens ({covered / max(len(tokens), 1):.1%})")
     print(f"training    {args.epochs} epochs, dim {args.dim}, window {args.window}, "
           f"{args.negatives} negatives, batch {args.batch_size}, learning rate "
-          f"{args.learning_rate:g}, sample {args.sample:g}, seed {args.seed}")
+          f"{lr:g}, sample {args.sample:g}, seed {args.seed}")
+    print(f"sparse      {demo.sparse_update(optimizer)}")
     sys.stdout.flush()
 
     reporter = _EpochReporter(show_bar=not args.quiet)
@@ -265,11 +282,11 @@ def _run_demo(args):
 
     first, last = result.losses[0], result.losses[-1]
     if len(result.losses) == 1:
-        print(f"loss        {first:.4f} after one epoch ({result.iterations:,} LazyAdam steps)")
+        print(f"loss        {first:.4f} after one epoch ({result.iterations:,} {opt_name} steps)")
     else:
         trend = "fell" if last < first else "did NOT fall"
         print(f"loss        {trend} from {first:.4f} to {last:.4f} "
-              f"({result.iterations:,} LazyAdam steps)")
+              f"({result.iterations:,} {opt_name} steps)")
 
     queries = _query_words(args.words, result.vocab)
     if queries:
@@ -307,8 +324,9 @@ def _run_demo(args):
         cmp = demo.compare_backends(
             result, backend=args.backend, baseline="reference", batch_size=args.batch_size,
             negatives=args.negatives, learning_rate=args.learning_rate, seed=args.seed,
+            optimizer=opt_name,
         )
-        print(f"optimizer   one LazyAdam step on {cmp.steps} replayed batches: {cmp.backend} "
+        print(f"optimizer   one {opt_name} step on {cmp.steps} replayed batches: {cmp.backend} "
               f"{cmp.backend_ms:.2f} ms, reference {cmp.baseline_ms:.2f} ms "
               f"({cmp.speedup:.1f}x {'faster' if cmp.speedup >= 1 else 'slower'}), results "
               f"{'bit-identical' if cmp.identical else 'DIFFERENT'}")

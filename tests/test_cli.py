@@ -220,6 +220,22 @@ def test_demo_via_main_trains_and_writes_npz(tmp_path, capsys):
         assert "matplotlib is not installed" in stdout
 
 
+@pytest.mark.parametrize("name, lazy", [("Adam", False), ("Adagrad", True), ("SGD", False)])
+def test_demo_optimizer_trains_and_says_how_it_updates_rows(name, lazy, capsys):
+    assert main(["demo", *SMALL, "--optimizer", name, "--no-compare", "--words", "the"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"refopt demo: word2vec skip-gram with negative sampling, {name} ")
+    expected = f"sparse      {name} is lazy here" if lazy else f"sparse      {name} is not lazy"
+    assert expected in out
+    assert "loss        fell" in out and f" {name} steps)" in out
+
+
+def test_demo_unknown_optimizer_exits_2_naming_the_choices(capsys):
+    assert main(["demo", "--optimizer", "RMSprop"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'RMSprop'" in err and "'Adagrad'" in err
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed")
 def test_demo_writes_loss_png_with_matplotlib(tmp_path):
