@@ -14,7 +14,10 @@ measured in the same run, on the same machine and thread count:
 3. 500 tensors of 2000 float32 elements: ``refopt.Adam(backend="cpu")`` vs torch fused Adam.
 4. Every convention (Adam, AdamW, RMSprop, SGD with momentum) at n = 1e7 on ``backend="cpu"``,
    against tf_keras' time in the same run.
-5. First-step times in fresh processes: cold (empty Numba cache: compiles) and warm (cache).
+5. The dense optimizers (Adam, SGD with momentum, RMSprop, Adagrad) at n = 1e7 against the
+   same-run ceiling scaled to their bytes per element, and torch's default (single-tensor)
+   and fused steps where torch has them.
+6. First-step times in fresh processes: cold (empty Numba cache: compiles) and warm (cache).
 
 Times are medians of repeated steps after warm-up, the contenders timed in alternating
 rounds (the machine this project runs on is shared and noisy; best times are printed too).
@@ -274,11 +277,72 @@ def bench_conventions(n, conventions=("tf_keras", "keras3", "keras2", "tf1", "to
               f" | {max(times.values()) / times['tf_keras']:.2f} |")
 
 
+#: (label, bytes per float32 element (reads + writes of param, grad, slots), refopt factory,
+#: torch factory taking (params, **kw) or None)
+def _catalogue():
+    out = [
+        ("Adam", 28, lambda: refopt.Adam(learning_rate=1e-3, backend="cpu"),
+         (lambda ps, **kw: torch.optim.Adam(ps, lr=1e-3, **kw)) if torch else None),
+        ("SGD momentum", 20, lambda: refopt.SGD(momentum=0.9, backend="cpu"),
+         (lambda ps, **kw: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, **kw)) if torch else None),
+        ("RMSprop", 20, lambda: refopt.RMSprop(learning_rate=1e-3, backend="cpu"),
+         (lambda ps, **kw: torch.optim.RMSprop(ps, lr=1e-3, **kw)) if torch else None),
+        ("Adagrad", 20, lambda: refopt.Adagrad(learning_rate=1e-2, backend="cpu"),
+         (lambda ps, **kw: torch.optim.Adagrad(ps, lr=1e-2, **kw)) if torch else None),
+    ]
+    return out
+
+
+def bench_catalogue(n):
+    print(f"\n## The dense optimizers at n = {n:.0e}, float32, backend='cpu' (median ms; same "
+          "run): against the bandwidth ceiling for their bytes per element, and torch's default "
+          "(single-tensor, foreach=False) and fused steps\n")
+    head = ("| optimizer | bytes/elem | cpu ms | ceiling ms (same bytes) | cpu/ceiling | torch "
+            "default ms | torch fused ms | cpu speed-up vs torch default | vs fused |")
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
+    rng = np.random.default_rng(5)
+    g = rng.standard_normal(n, dtype=np.float32)
+    a = rng.standard_normal(n, dtype=np.float32)
+    s = np.float32(1e-6)
+    for label, nbytes, make, make_torch in _catalogue():
+        w = rng.standard_normal(n, dtype=np.float32)
+        opt = make()
+        pairs = [(g, w)]
+        opt.apply_gradients(pairs)  # build and compile outside the timing
+        fns = [lambda: launch(_axpy_inplace, (a, g, s), n),
+               lambda opt=opt, pairs=pairs: opt.apply_gradients(pairs)]
+        names = ["ceiling", "cpu"]
+        if make_torch is not None:
+            for kw, name in ((dict(foreach=False), "default"), (dict(fused=True), "fused")):
+                p = torch.from_numpy(rng.standard_normal(n, dtype=np.float32)).requires_grad_()
+                p.grad = torch.from_numpy(g)
+                try:
+                    topt = make_torch([p], **kw)
+                    topt.step()
+                except (RuntimeError, TypeError, ValueError):  # no fused form
+                    continue
+                fns.append(topt.step)
+                names.append(name)
+        t = {k: v for k, (v, _) in zip(names, interleaved(fns, 10))}
+        ceil = t["ceiling"] * nbytes / 12  # the ceiling's pass moves 12 bytes per element
+        cells = [label, str(nbytes), fmt_ms(t["cpu"]), fmt_ms(ceil), f"{t['cpu'] / ceil:5.2f}",
+                 fmt_ms(t["default"]) if "default" in t else "-",
+                 fmt_ms(t["fused"]) if "fused" in t else "-",
+                 f"{t['default'] / t['cpu']:5.2f}x" if "default" in t else "-",
+                 f"{t['fused'] / t['cpu']:5.2f}x" if "fused" in t else "-"]
+        print("| " + " | ".join(cells) + " |")
+        fns = opt = w = None
+        gc.collect()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     parser.add_argument("--dense-only", metavar="N", type=float, nargs="+",
                         help="only the dense Adam table, at these sizes (e.g. 1e4 1e5 1e6)")
+    parser.add_argument("--catalogue-only", metavar="N", type=float,
+                        help="only the dense optimizers' table, at this size (e.g. 1e7)")
     args = parser.parse_args(argv)
     print(f"# refopt {refopt.__version__} CPU benchmark: numba {numba.__version__} "
           f"({numba.config.THREADING_LAYER} layer, {numba.get_num_threads()} threads), "
@@ -288,16 +352,21 @@ def main(argv=None):
     if args.dense_only:
         bench_dense([int(n) for n in args.dense_only], 0)
         return
+    if args.catalogue_only:
+        bench_catalogue(int(args.catalogue_only))
+        return
     if args.quick:
         bench_dense([10**5, 10**6], 10**6)
         bench_lazy([10**4, 10**5], 4096, 64)
         bench_small(50, 2000)
         bench_conventions(10**6)
+        bench_catalogue(10**6)
     else:
         bench_dense([10**5, 10**6, 10**7, 3 * 10**7], 3 * 10**7)
         bench_lazy([10**5, 10**6, 4 * 10**6], 16384, 64)
         bench_small(500, 2000)
         bench_conventions(10**7)
+        bench_catalogue(10**7)
     bench_first_step()
 
 

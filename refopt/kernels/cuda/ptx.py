@@ -8,8 +8,9 @@ every CUDA kernel of refopt) build for every form the optimizers and the launche
 (:func:`rule_variants`: Adam, AMSGrad, AdamW, the lazy row rules and SGD of every convention
 preset, with their decay and EMA modes; tf-keras' whole-table sparse rules; the pipeline's
 clip, decay and EMA steps as rules; all of them at the first compute capability, one per
-form at the others) and of the pairwise sum-of-squares leaves, with the argument types the
-drivers' launchers pass, in float16, float32 and float64, and checks:
+form at the others) and of the reductions' kernels (:func:`reduction_kernels`: the sums of
+squares of norm clipping, NumPy's pairwise leaves and PyTorch's lanes), with the argument
+types the drivers' launchers pass, in float16, float32 and float64, and checks:
 
 - **no contraction**: no ``fma`` and no float ``mul`` without an explicit rounding modifier
   (ptxas may fuse a plain ``mul.f32`` with a following add), so each multiply and add rounds
@@ -70,7 +71,7 @@ class KernelPTX:
     Attributes
     ----------
     name : str
-        ``"rule <kernel>: <variant>"``, ``"rule leaf_sums"`` or ``"control"``.
+        ``"rule <kernel>: <variant>"``, ``"reduce <kernel>: <reduction>"`` or ``"control"``.
     dtype : str
         ``"float16"``, ``"float32"`` or ``"float64"``.
     cc : tuple of int
@@ -231,13 +232,14 @@ def rule_kernel_signatures(dtype, width, arity):
     pipeline's 8 and the rule's 16 scalars as tuples of ``dtype`` scalars, the clip pairs a
     ``(tensors, 2)`` array, Python ``int`` (int64) and ``bool``, tuples of ``width`` arrays
     (``Segments.tuples`` pads to ``config.TENSORS_PER_LAUNCH``), the leaf sums of float16 in
-    float32. ``tests/test_cuda_ptx.py`` checks this table against the arguments of real
+    float32, a reduction's scalars as a tuple of ``N_REDUCE_SCALARS`` ``dtype`` scalars. ``tests/test_cuda_ptx.py`` checks this table against the arguments of real
     launches on the simulator.
 
     Returns
     -------
     dict of str to tuple of numba types
-        ``"dense"``, ``"rows"``, ``"table"`` and ``"leaf_sums"``.
+        ``"dense"``, ``"rows"``, ``"table"`` (a rule's kernels), ``"leaf_sums"`` and
+        ``"lane_sums"`` (a reduction's, :func:`~refopt.kernels.cuda.drivers.reduce_kernels`).
     """
     from numba import typeof, types
 
@@ -253,11 +255,15 @@ def rule_kernel_signatures(dtype, width, arity):
     tup = types.UniTuple(a1, width)
     psc = types.UniTuple(s, 8)
     sc = types.UniTuple(s, 16)
+    from refopt.rules.reduce import N_REDUCE_SCALARS
+
+    rsc = types.UniTuple(s, N_REDUCE_SCALARS)
     return {
         "dense": (tup, tup, i2, a2, n) + (a1,) * arity + (a1, b, psc, sc),
         "rows": (a2,) + (a2,) * arity + (a2, i1, i1, i1, n, s, s, n, psc, sc, s),
         "table": (a2,) + (a2,) * arity + (a2, i1, i1, i1, n, s, s, n, psc, sc, s),
-        "leaf_sums": (tup, i1, i1, i1, typeof(np.zeros(2, acc)), b, s, typeof(acc.type(0))),
+        "leaf_sums": (tup, i1, i1, i1, typeof(np.zeros(2, acc)), rsc, typeof(acc.type(0))),
+        "lane_sums": (tup, a2, rsc, s),
     }
 
 
@@ -271,10 +277,12 @@ def rule_variants(dtype=np.float32, rmsprop=False):
     and without Keras' decay; the pipeline's steps as rules (clip by value, by norm, by the
     global scale, decay, EMA: the launchers :func:`~refopt.kernels.cuda.clip_dense`,
     :func:`~refopt.kernels.cuda.decay_dense`, :func:`~refopt.kernels.cuda.ema_dense` and
-    the mirror functions); with ``rmsprop``, RMSprop plain and centered with momentum (not by
-    default: its ``ops.rsqrt`` calls ``math.frexp``, whose numba-cuda lowering has one plain
+    the mirror functions); Adagrad (dense and rows) and RMSprop, except, in float64, their
+    forms with ``rsqrt`` (TF1's and optax's Adagrad, tf_keras', TF1's and optax's RMSprop):
+    float64 ``ops.rsqrt`` calls ``math.frexp``, whose numba-cuda lowering has one plain
     ``mul.f64`` by 2**54 and one ``add.f64`` ``x + x``, both exact, which the audit's rule
-    "every multiply explicitly rounded" flags).
+    "every multiply explicitly rounded" flags; ``rmsprop`` includes them, and RMSprop
+    centered with momentum.
 
     Returns
     -------
@@ -338,7 +346,14 @@ def rule_variants(dtype=np.float32, rmsprop=False):
                 opt = refopt.Adam(ema_momentum=mu, **base)
                 opt.iterations = 5
                 add(f"{name} Adam EMA {mu}", opt)
-        if rmsprop:
+        # float64 rsqrt uses math.frexp (see above); float32/16 rsqrt has no frexp
+        with_rsqrt = rmsprop or dtype != np.float64
+        if conv.adagrad_form not in ("tf1", "optax") or with_rsqrt:  # those two use rsqrt
+            add(f"{name} Adagrad", refopt.Adagrad(learning_rate=0.01, **base))
+            if conv.adagrad_form not in ("keras3", "optax"):  # lazy rows where sparse is
+                add(f"{name} Adagrad rows", refopt.Adagrad(learning_rate=0.01,
+                                                           convention=name), rows=True)
+        if with_rsqrt or conv.rmsprop_form in ("keras3", "keras2", "torch"):
             add(f"{name} RMSprop", refopt.RMSprop(learning_rate=0.01, **base))
             add(f"{name} RMSprop centered momentum",
                 refopt.RMSprop(learning_rate=0.01, centered=True, momentum=0.9, **base))
@@ -419,7 +434,8 @@ def rule_kernels(dtype, width, tpb=256, items=8, labels=None, rmsprop=False):
 
     Every :func:`rule_variants` (those named in ``labels`` when given), its ``dense``,
     ``rows`` or ``table`` kernel as the optimizers and launchers launch it; and the pairwise
-    sum-of-squares leaf kernel. Names: ``"rule <kind>: <variant>"``, ``"rule leaf_sums"``.
+    reductions' kernels (:func:`reduction_kernels`). Names: ``"rule <kind>: <variant>"``,
+    ``"reduce <kind>: <reduction>"``.
     """
     from refopt.kernels.cuda import drivers
 
@@ -431,9 +447,27 @@ def rule_kernels(dtype, width, tpb=256, items=8, labels=None, rmsprop=False):
         ks = drivers.kernels(rule, fl, dmode, emode, tpb, dtype, items=items)
         sig = rule_kernel_signatures(dtype, width, rule.arity)[kind]
         out.append((f"rule {kind}: {label}", getattr(ks, kind).py_func, sig))
-    leaf = drivers._leaf_kernel(tpb, dtype)
-    out.append(("rule leaf_sums", leaf.py_func,
-                rule_kernel_signatures(dtype, width, 1)["leaf_sums"]))
+    out += [(name, kernel.py_func, sig)
+            for name, kernel, sig in reduction_kernels(dtype, width, tpb)]
+    return out
+
+
+def reduction_kernels(dtype, width, tpb=256):
+    """``(name, kernel, signature)`` of the reductions' kernels to audit for ``dtype``: the
+    leaf sums (NumPy's order) of :data:`~refopt.rules.reduce.SUM_SQUARES` and
+    :data:`~refopt.rules.reduce.SUM_HALF_SQUARES` (norm clipping) and the lane sums
+    (PyTorch's order, float32 and float64) of ``SUM_SQUARES``. Names: ``"reduce leaf_sums:
+    sum_squares"`` and so on."""
+    from refopt.kernels.cuda import drivers
+    from refopt.rules.reduce import SUM_HALF_SQUARES, SUM_SQUARES
+
+    sigs = rule_kernel_signatures(dtype, width, 1)
+    out = []
+    for red in (SUM_SQUARES, SUM_HALF_SQUARES):
+        rk = drivers.reduce_kernels(red, tpb, dtype)
+        out.append((f"reduce leaf_sums: {red.name}", rk.leaf_sums, sigs["leaf_sums"]))
+        if red is SUM_SQUARES and rk.lane_sums is not None:
+            out.append((f"reduce lane_sums: {red.name}", rk.lane_sums, sigs["lane_sums"]))
     return out
 
 
@@ -557,8 +591,7 @@ def compile_on_device(dtypes=(np.float16, np.float32, np.float64), tpb=256, item
             ks = drivers.kernels(rule, fl, dmode, emode, tpb, dt, items=items)
             kernels.append((f"rule {kind}: {label}", getattr(ks, kind),
                             rule_kernel_signatures(dt, width, rule.arity)[kind]))
-        kernels.append(("rule leaf_sums", drivers._leaf_kernel(tpb, dt),
-                        rule_kernel_signatures(dt, width, 1)["leaf_sums"]))
+        kernels += reduction_kernels(dt, width, tpb)
         for name, kernel, sig in kernels:
             lib = kernel.compile(sig).library
             lto = bool(getattr(lib, "_lto", False))
