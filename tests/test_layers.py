@@ -55,3 +55,25 @@ def test_optimizer_classes_do_not_branch_on_the_backend():
     for f in _files("optimizers"):
         src = f.read_text()
         assert 'backend ==' not in src and 'backend !=' not in src, f.name
+
+
+def test_every_executor_implements_the_interface():
+    """Each backend's executor overrides every method of ``refopt.executors.Executor`` that
+    the base leaves abstract (``quick_step`` has a default: no quick path)."""
+    import inspect
+
+    from refopt.executors import Executor
+    from refopt.executors.cpu import CpuExecutor
+    from refopt.executors.cuda import CudaExecutor
+    from refopt.executors.reference import ReferenceExecutor
+
+    abstract = [name for name, fn in vars(Executor).items()
+                if callable(fn) and not name.startswith("_") and "raise NotImplementedError"
+                in inspect.getsource(fn)]
+    assert set(abstract) >= {"check_var_list", "check_pairs", "allocate", "run_step",
+                             "finalize", "checkpoint_arrays"}
+    for cls in (ReferenceExecutor, CpuExecutor, CudaExecutor):
+        missing = [name for name in abstract
+                   if getattr(cls, name) is getattr(Executor, name)]
+        assert missing == [], (cls.__name__, missing)
+    assert CpuExecutor.quick_step is not Executor.quick_step
