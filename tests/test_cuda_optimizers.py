@@ -700,13 +700,14 @@ class _CountLaunches:
 
 def wrap_rule_kernels(monkeypatch, wrap):
     """Put ``wrap(kernel, name, ks)`` in place of every rule-driver kernel the step uses
-    (``name``: ``"dense"``, ``"rows"``, ``"table"`` or ``"leaf_sums"``; ``ks`` the
-    :class:`refopt.kernels.cuda.drivers.Kernels`, None for the leaf sums)."""
+    (``name``: ``"dense"``, ``"rows"``, ``"table"``, or a reduction's ``"leaf_sums"`` and
+    ``"lane_sums"``; ``ks`` the :class:`refopt.kernels.cuda.drivers.Kernels`, None for a
+    reduction's)."""
     import copy
 
     from refopt.kernels.cuda import drivers
 
-    real_kernels, real_leaf = drivers.kernels, drivers._leaf_kernel
+    real_kernels, real_reduce = drivers.kernels, drivers.reduce_kernels
 
     def kernels(*args, **kwargs):
         ks = real_kernels(*args, **kwargs)
@@ -717,8 +718,15 @@ def wrap_rule_kernels(monkeypatch, wrap):
         return stand_in
 
     monkeypatch.setattr(drivers, "kernels", kernels)
-    monkeypatch.setattr(drivers, "_leaf_kernel",
-                        lambda tpb, dtype: wrap(real_leaf(tpb, dtype), "leaf_sums", None))
+    def reduce_kernels(*args, **kwargs):
+        rk = real_reduce(*args, **kwargs)
+        stand_in = copy.copy(rk)
+        stand_in.leaf_sums = wrap(rk.leaf_sums, "leaf_sums", None)
+        if rk.lane_sums is not None:
+            stand_in.lane_sums = wrap(rk.lane_sums, "lane_sums", None)
+        return stand_in
+
+    monkeypatch.setattr(drivers, "reduce_kernels", reduce_kernels)
 
 
 @pytest.mark.parametrize("cls,kw", [(refopt.Adam, dict(amsgrad=True, use_ema=True)),

@@ -199,9 +199,10 @@ def test_kernel_signatures_are_those_of_real_launches(dtype, monkeypatch):
     for (name, arity), sig in rule_log:
         assert sig == ptx.rule_kernel_signatures(dtype, width, arity)[name], (name, arity)
         seen.add((name, arity))
-    # the rule drivers' kernels for rules of 0 (the steps), 1, 2 and 3 slots
+    # the rule drivers' kernels for rules of 0 (the steps), 1, 2 and 3 slots; the reductions'
     assert {("dense", 0), ("dense", 1), ("dense", 2), ("dense", 3), ("rows", 2), ("rows", 3),
-            ("table", 1), ("table", 2), ("table", 3), ("leaf_sums", 1)} <= seen
+            ("table", 1), ("table", 2), ("table", 3), ("leaf_sums", 1),
+            ("lane_sums", 1)} <= seen
 
 
 # ---------------------------------------------------------------------------------------
@@ -237,16 +238,19 @@ def test_every_kernel_compiles_to_ptx_without_fma_or_approximations():
         ("8.0", "sm_80"), ("9.0", "sm_90"), ("10.0", "sm_100")}
     kinds = {v[0]: v[5] for v in ptx.rule_variants()}
     rules = {f"rule {kind}: {label}" for label, kind in kinds.items()}
-    rules.add("rule leaf_sums")
-    assert {k.split(":")[0] for k in rules} == {"rule dense", "rule rows", "rule table",
-                                                 "rule leaf_sums"}
+    assert {k.split(":")[0] for k in rules} == {"rule dense", "rule rows", "rule table"}
+    reductions = {"reduce leaf_sums: sum_squares", "reduce leaf_sums: sum_half_squares",
+                  "reduce lane_sums: sum_squares"}
     for cc in ("8.0", "9.0", "10.0"):
         for dt in ("float16", "float32", "float64"):
             names = {k["name"] for k in report["kernels"] if (k["cc"], k["dtype"]) == (cc, dt)}
-            # every rule variant at the first cc, one per form at the others
-            expect = rules if cc == "8.0" else {
-                f"rule {kinds[label]}: {label}"
-                for label in ptx.REPRESENTATIVE_RULES} | {"rule leaf_sums"}
+            # every rule variant of the dtype (float64 has no rsqrt forms) at the first cc,
+            # one per form at the others
+            expect = {f"rule {v[5]}: {v[0]}" for v in ptx.rule_variants(dt)} if cc == "8.0" \
+                else {f"rule {kinds[label]}: {label}" for label in ptx.REPRESENTATIVE_RULES}
+            # every reduction at every cc (PyTorch's lanes: float32 and float64 only)
+            expect = expect | {r for r in reductions
+                               if dt != "float16" or "lane_sums" not in r}
             assert names == expect, (cc, dt)
     # every convention's Adam forms and SGD forms are among the rule variants
     assert {"rule dense: torch Adam wd", "rule dense: optax AdamW AMSGrad",

@@ -38,7 +38,9 @@ plan of :mod:`refopt.executors.plan` (the same plan and rules as ``backend="cpu"
   of squares bit for bit as NumPy sums them (the reference's): the leaves of NumPy's
   pairwise tree (at most 128 terms each) are summed on the device, one thread per leaf, and
   only those partial sums (under 1 % of the data) come back to the host, which adds them up
-  the same tree (:func:`refopt.kernels.cuda.drivers.sums_of_squares`).
+  the same tree (:func:`refopt.kernels.cuda.drivers.sums_of_squares`); under PyTorch's
+  formula each gradient's ``torch.linalg.vector_norm`` in PyTorch's order
+  (:func:`refopt.kernels.cuda.drivers.torch_norms`: device lanes, host tail).
 - **Sparse gradients** (``IndexedSlices``: host ``values`` and ``indices``, copied over each
   step). Lazy optimizers (LazyAdam; SGD under TF1) run the rule's ``rows`` kernel on the
   present rows (duplicates summed after clipping, in order of appearance; SparseAdam's rule
@@ -443,9 +445,28 @@ def _fused(opt, positions, grads, lr_value, kc):
 
     # Sums of squares for norm clipping: NumPy's pairwise sums, bit for bit (device leaves,
     # host tree for dense gradients; NumPy itself for the host values of IndexedSlices).
+    # Under PyTorch's formula: each gradient's torch.linalg.vector_norm in PyTorch's order
+    # (device lanes, host tail; float16 and IndexedSlices values on the host).
     sums = [None] * len(grads)
     gnorm = None
-    if kind in ("norm", "global"):
+    by_torch = conv.clip_formula == "torch"
+    if kind in ("norm", "global") and by_torch:
+        from refopt.reference.reductions import torch_vector_norm
+
+        for dt in dtypes_present:
+            ks = [k for k, i in enumerate(positions) if dtype_of[i] == dt]
+            on_device = [k for k in ks if how[k] == "dense" and dt != np.float16]
+            device_set = set(on_device)
+            if on_device:
+                for k, s in zip(on_device,
+                                drivers.torch_norms([grads[k] for k in on_device], dt)):
+                    sums[k] = s
+            for k in ks:
+                if k not in device_set:
+                    g = grads[k]
+                    sums[k] = torch_vector_norm(g.values if isinstance(g, IndexedSlices)
+                                                else g.copy_to_host())
+    elif kind in ("norm", "global"):
         half = kind == "global" and conv.clip_formula == "tf"  # TF's l2_loss halves
         for dt in dtypes_present:
             ks = [k for k, i in enumerate(positions) if dtype_of[i] == dt]
@@ -471,7 +492,10 @@ def _fused(opt, positions, grads, lr_value, kc):
     for dt in dtypes_present:
         ks = [k for k, i in enumerate(positions) if dtype_of[i] == dt]
         sub = [sums[k] for k in ks] if kind in ("norm", "global") else None
-        cmode, cden, cscale, cv = _plan.clip_arrays(opt, dt, len(ks), sub, gnorm)
+        if by_torch:  # sub: the norms
+            cmode, cden, cscale, cv = _plan.clip_arrays(opt, dt, len(ks), norms=sub)
+        else:
+            cmode, cden, cscale, cv = _plan.clip_arrays(opt, dt, len(ks), sub, gnorm)
         cvs[dt] = cv
         for j, k in enumerate(ks):
             cm[k], cd[k], cs[k] = int(cmode[j]), cden[j], cscale[j]

@@ -78,12 +78,14 @@ def needs_sums(opt):
     return clip_kind(opt)[0] in ("norm", "global")
 
 
-def clip_arrays(opt, dtype, n, sums=None, global_norm=None):
+def clip_arrays(opt, dtype, n, sums=None, global_norm=None, norms=None):
     """``(cmode, cden, cscale, c)`` for ``n`` tensors of ``dtype``.
 
     ``sums``: the tensors' sums of squares (NumPy's pairwise order), for norm clipping;
     ``global_norm``: for TF's global clipping, the global norm (TF's formula, computed over
-    every gradient of the step by the caller).
+    every gradient of the step by the caller); ``norms``: under PyTorch's formula, the
+    tensors' ``torch.linalg.vector_norm`` (PyTorch's order of addition, e.g.
+    :func:`refopt.kernels.cpu.clipping.torch_norms`), used instead of ``sqrt(sums)``.
     """
     dtype = np.dtype(dtype)
     kind, c = clip_kind(opt)
@@ -111,21 +113,21 @@ def clip_arrays(opt, dtype, n, sums=None, global_norm=None):
                 cmode[:] = 3
                 cscale[:] = global_scale(global_norm, c)[1]
             return cmode, cden, cscale, cv
-        sums = np.asarray(sums, dtype)
         if formula == "torch":
-            one = scalar(dtype, 1)
-            norms = np.sqrt(sums)
+            from refopt.reference.reductions import torch_clip_coef, torch_vector_norm
+
+            norms = np.sqrt(np.asarray(sums, dtype)) if norms is None else np.asarray(
+                norms, dtype)
             if kind == "norm":
                 totals = norms
-            else:
-                total = np.sqrt(np.sum(norms * norms, dtype=dtype))
-                totals = np.full(n, total, dtype)
-            coef = (one / (totals + scalar(dtype, 1e-6))) * cv
-            coef = np.where(np.isnan(coef), coef, np.minimum(coef, one))
+            else:  # the norm of the stacked norms, in PyTorch's order
+                totals = np.full(n, torch_vector_norm(norms), dtype)
+            coef = torch_clip_coef(totals, c, dtype)
             cmode[:] = 3
             cscale[:] = coef
             return cmode, cden, cscale, cv
         # optax
+        sums = np.asarray(sums, dtype)
         if kind == "norm":
             totals = np.sqrt(sums)
         else:

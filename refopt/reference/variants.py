@@ -350,8 +350,9 @@ def clip_global_norm_variant(grads, clip_norm, convention):
     ``"torch"``: ``total`` = the 2-norm of the per-tensor norms, each norm and ``total`` in
     PyTorch's order of addition (:func:`refopt.reference.reductions.torch_vector_norm`, the
     norms stacked as ``torch.nn.utils.get_total_norm`` stacks them), ``coef = c/(total +
-    1e-6)`` clamped to 1, every gradient times ``coef`` (infinite norm: finite gradients
-    become 0). ``"optax"``: ``N`` = sqrt of the sum of each tensor's sum of squares; kept when
+    1e-6)`` clamped to 1 (:func:`refopt.reference.reductions.torch_clip_coef`), every
+    gradient times ``coef`` (infinite norm: finite gradients become 0; float16 gradients
+    computed in float32 as PyTorch's kernels do, :func:`~refopt.reference.reductions.torch_scale`). ``"optax"``: ``N`` = sqrt of the sum of each tensor's sum of squares; kept when
     ``N < c``, else ``(g / N) * c``. ``None`` entries stay ``None``. Returns the list.
     """
     present = [g for g in grads if g is not None]
@@ -365,17 +366,21 @@ def clip_global_norm_variant(grads, clip_norm, convention):
         if convention.clip_formula == "torch":
             # torch.linalg.vector_norm of each gradient, then of the stacked norms, in the
             # order of torch's dtype groups (refopt.reference.reductions)
-            from refopt.reference.reductions import torch_stack_order, torch_vector_norm
+            from refopt.reference.reductions import (
+                torch_clip_coef,
+                torch_scale,
+                torch_stack_order,
+                torch_vector_norm,
+            )
 
             order = torch_stack_order([_values(g).dtype for g in present])
             norms = [torch_vector_norm(_values(present[k])) for k in order]
             total = torch_vector_norm(np.asarray(norms, dtype))
             # max_norm / (total + 1e-6): a Python float over a tensor is the tensor's
-            # reciprocal times the float in torch
-            coef = (scalar(dtype, 1) / (total + scalar(dtype, 1e-6))) * scalar(dtype, clip_norm)
-            coef = np.minimum(coef, scalar(dtype, 1.0)) if not np.isnan(coef) else coef
-            return [None if g is None else
-                    _rewrap(g, _values(g) * _values(g).dtype.type(coef)) for g in grads]
+            # reciprocal times the float in torch; clamped to 1
+            coef = torch_clip_coef(total, clip_norm, dtype)
+            return [None if g is None else _rewrap(g, torch_scale(_values(g), coef))
+                    for g in grads]
         sums = [_sum_squares(_values(g)) for g in present]
         total = np.sqrt(np.sum(np.asarray(sums, dtype), dtype=dtype))
         c = scalar(dtype, clip_norm)

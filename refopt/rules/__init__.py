@@ -29,6 +29,11 @@ weight decay and the EMA (the pipeline's element steps) around it, loop over eve
 of a dtype group, and over the unique rows of a sparse gradient. Adding an optimizer adds a
 rule; no driver changes.
 
+Per-tensor sums (norm clipping's sums of squares, later Adafactor's factored moments and
+Lamb's trust-ratio norms) are the second kind of rule: a
+:class:`refopt.rules.reduce.Reduction`, an element map summed in a named order of addition
+(NumPy's or PyTorch's), from which the drivers build their ``reduce`` kernels.
+
 The readable NumPy reference (:mod:`refopt.reference`) is a separate implementation of the
 same updates; the property tests compare the two bit for bit.
 """

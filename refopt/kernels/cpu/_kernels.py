@@ -9,23 +9,20 @@ what a rule does not define:
 - the sums of a sparse gradient's duplicate rows (:func:`_segment_sums`, after the
   pipeline's clip of :mod:`refopt.rules.steps`), the first step of the drivers' ``rows``
   and ``table`` kernels;
-- the sums of squares of norm clipping in NumPy's pairwise order (:func:`sumsq_multi`, used
-  by :func:`refopt.kernels.cpu.clipping.sums_of_squares`: the executor's and the pure
-  functions' norms);
 - :func:`read_int64_at`: raw memory reads (the CPU executor reads the data pointers of live
   ndarray objects with it).
 
 As every kernel of this backend: ``error_model='numpy'``, ``fastmath`` off (LLVM neither
 contracts ``a * b + c`` nor reorders), ``cache=True`` and no signatures (nothing compiles at
-import). Reductions run serially per tensor, so results do not depend on
-``NUMBA_NUM_THREADS``.
+import). The sums of squares of norm clipping are reductions
+(:mod:`refopt.rules.reduce`), built by the drivers (:func:`refopt.kernels.cpu.drivers.reduce`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, prange, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -108,113 +105,6 @@ def _chunks(cnt):
     return ct, cs
 
 
-# --------------------------------------------------------------------------- reductions
-@jit
-def _sq(x, half, hv):
-    """``x * x``, times ``hv`` when ``half`` (``l2_loss``'s ``x * x * 0.5``)."""
-    return x * x * hv if half else x * x
-
-
-@jit
-def _leaf_sumsq(X, lo, n, zero, half, hv):
-    """NumPy's pairwise_sum on at most 128 terms (see :func:`_pairwise_sumsq`)."""
-    if n < 8:
-        res = zero
-        for i in range(lo, lo + n):
-            res = res + _sq(X[i], half, hv)
-        return res
-    r0 = _sq(X[lo], half, hv)
-    r1 = _sq(X[lo + 1], half, hv)
-    r2 = _sq(X[lo + 2], half, hv)
-    r3 = _sq(X[lo + 3], half, hv)
-    r4 = _sq(X[lo + 4], half, hv)
-    r5 = _sq(X[lo + 5], half, hv)
-    r6 = _sq(X[lo + 6], half, hv)
-    r7 = _sq(X[lo + 7], half, hv)
-    i = 8
-    stop = n - n % 8
-    while i < stop:
-        b = lo + i
-        r0 = r0 + _sq(X[b], half, hv)
-        r1 = r1 + _sq(X[b + 1], half, hv)
-        r2 = r2 + _sq(X[b + 2], half, hv)
-        r3 = r3 + _sq(X[b + 3], half, hv)
-        r4 = r4 + _sq(X[b + 4], half, hv)
-        r5 = r5 + _sq(X[b + 5], half, hv)
-        r6 = r6 + _sq(X[b + 6], half, hv)
-        r7 = r7 + _sq(X[b + 7], half, hv)
-        i += 8
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
-        res = res + _sq(X[lo + i], half, hv)
-        i += 1
-    return res
-
-
-@jit
-def _pairwise_sumsq(X, n, zero, half, hv):
-    """``sum(x * x)`` (times ``hv`` per term when ``half``) of ``X[:n]`` in NumPy's order.
-
-    NumPy's float add reduction (``pairwise_sum`` in ``numpy/_core/src/umath``): fewer than 8
-    terms are added left to right from zero; up to 128 terms go into 8 interleaved partial
-    sums combined as ``((r0+r1)+(r2+r3))+((r4+r5)+(r6+r7))`` plus the remainder left to
-    right; longer runs split at ``n/2`` rounded down to a multiple of 8 and add the two
-    halves' sums. The recursion is walked with an explicit stack (Numba's cache does not
-    handle recursive functions): frames ``(lo, n, phase)``, partial sums on a second stack.
-    """
-    if n <= 128:
-        return _leaf_sumsq(X, 0, n, zero, half, hv)
-    f_lo = np.empty(128, np.int64)
-    f_n = np.empty(128, np.int64)
-    f_phase = np.empty(128, np.int64)
-    acc = np.empty(128, X.dtype)
-    sp = 1
-    f_lo[0] = 0
-    f_n[0] = n
-    f_phase[0] = 0
-    ap = 0
-    while sp > 0:
-        lo = f_lo[sp - 1]
-        m = f_n[sp - 1]
-        if m <= 128:
-            sp -= 1
-            acc[ap] = _leaf_sumsq(X, lo, m, zero, half, hv)
-            ap += 1
-            continue
-        m2 = m // 2
-        m2 -= m2 % 8
-        phase = f_phase[sp - 1]
-        if phase == 0:
-            f_phase[sp - 1] = 1
-            f_lo[sp] = lo
-            f_n[sp] = m2
-            f_phase[sp] = 0
-            sp += 1
-        elif phase == 1:
-            f_phase[sp - 1] = 2
-            f_lo[sp] = lo + m2
-            f_n[sp] = m - m2
-            f_phase[sp] = 0
-            sp += 1
-        else:
-            sp -= 1
-            acc[ap - 2] = acc[ap - 2] + acc[ap - 1]
-            ap -= 1
-    return acc[0]
-
-
-@jit
-def sumsq_multi(gaddr, cnt, out, zero, half, hv):
-    """``out[t] = 0 + sum(g_t * g_t [* hv])`` per tensor, as ``np.sum(..., dtype)`` computes it.
-
-    ``out`` (dtype (T,)) also fixes the dtype of the tensors. One tensor per work item; each
-    sum is serial, so the result does not depend on the thread count.
-    """
-    for t in prange(cnt.shape[0]):
-        X = carray(_ptr(gaddr[t], out), (cnt[t],))
-        out[t] = zero + _pairwise_sumsq(X, cnt[t], zero, half, hv)
-
-
 # --------------------------------------------------------------------------- sparse rows
 @jit
 def _run_starts(srows):
@@ -270,6 +160,5 @@ def read_int64_at(addresses):
 
 #: Every dispatcher of this module (the import test checks none has compiled anything).
 DISPATCHERS = (
-    _chunks, _prefetch_row, _sq, _leaf_sumsq, _pairwise_sumsq, sumsq_multi, _run_starts,
-    _segment_sums, read_int64_at,
+    _chunks, _prefetch_row, _run_starts, _segment_sums, read_int64_at,
 )

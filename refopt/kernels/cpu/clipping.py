@@ -4,8 +4,9 @@ Same functions, signatures and results as :mod:`refopt.reference.clipping`
 (``tensorflow/python/ops/clip_ops.py``): the elementwise parts are bit-identical (the
 pipeline's clip step, :func:`refopt.rules.steps.clip`, run by the drivers as the rule
 :data:`refopt.rules.steps.CLIP`); the sums of squares follow NumPy's pairwise summation order
-(``_kernels._pairwise_sumsq``), so norms are within 1 ulp of the reference's (on the
-machines checked so far, identical).
+(the reduction :data:`refopt.rules.reduce.SUM_SQUARES` in the ``"numpy"`` order, built by
+:func:`refopt.kernels.cpu.drivers.reduce`), so norms are those of the reference (``np.sum``:
+identical on every machine checked; the contract is 1 ulp).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import numpy as np
 
 from refopt import reference as _ref
 from refopt.indexed_slices import IndexedSlices
-from refopt.kernels.cpu import _kernels as K
-from refopt.kernels.cpu._common import FALLBACK_DTYPES, check_scalar, scalar, table
+from refopt.kernels.cpu._common import FALLBACK_DTYPES, check_scalar, scalar
 from refopt.reference.clipping import _rewrap, _values
 
 
@@ -30,24 +30,52 @@ def _clip(values, mode, c=0, d=1, s=1):
 __all__ = ["clip_by_value", "clip_by_norm", "global_norm", "clip_by_global_norm"]
 
 
-def sums_of_squares(values, dtype, half=False):
-    """``[0 + sum(v * v [* 0.5])]`` per array, in NumPy's pairwise order, one kernel call.
+def sums_of_squares(values, dtype, half=False, order="numpy"):
+    """``sum(v * v [* 0.5])`` per array in an order of addition (by default NumPy's
+    ``np.sum``, ``0 + pairwise sum``), one kernel call.
+
+    The reductions :data:`refopt.rules.reduce.SUM_SQUARES` (``SUM_HALF_SQUARES`` with
+    ``half``) on the drivers' multi-tensor ``reduce`` kernel
+    (:func:`refopt.kernels.cpu.drivers.reduce`).
 
     Parameters
     ----------
     values : list of ndarray of ``dtype`` (float32 or float64)
     half : bool
         Multiply each square by 0.5 first (``l2_loss``, as :func:`global_norm`).
+    order : {"numpy", "torch"}
+        NumPy's pairwise sum (``np.sum``) or PyTorch's (``torch.linalg.vector_norm``'s sum
+        on the CPU; see :mod:`refopt.rules.reduce`).
 
     Returns
     -------
     ndarray of ``dtype``, shape ``(len(values),)``
     """
-    arrays = [np.ascontiguousarray(v) for v in values]
-    addr, cnt = table(*arrays)
-    out = np.empty(len(arrays), dtype)
-    K.sumsq_multi(addr, cnt, out, dtype.type(0), half, dtype.type(0.5))
-    return out
+    from refopt.kernels.cpu.drivers import reduce
+    from refopt.rules.reduce import SUM_HALF_SQUARES, SUM_SQUARES
+
+    if half:
+        return reduce(SUM_HALF_SQUARES, values, dtype, order, sc=[0.5])
+    return reduce(SUM_SQUARES, values, dtype, order)
+
+
+def torch_norms(values, dtype):
+    """``torch.linalg.vector_norm(v, 2.0)`` of each array as PyTorch computes it on the CPU
+    (bit for bit :func:`refopt.reference.reductions.torch_vector_norm`), one kernel call.
+
+    Parameters
+    ----------
+    values : list of ndarray of ``dtype`` (float32 or float64)
+
+    Returns
+    -------
+    ndarray of ``dtype``, shape ``(len(values),)``
+    """
+    from refopt.rules.reduce import torch_vector_norms
+
+    sums = sums_of_squares(values, dtype, order="torch")
+    return torch_vector_norms(sums, [v.reshape(-1)[0] if v.size == 1 else None
+                                     for v in values])
 
 
 def norm_denominators(sums, c):
