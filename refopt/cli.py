@@ -728,14 +728,6 @@ def _add_conformance(subparsers):
     p.set_defaults(handler=_run_conformance)
 
 
-def _cuda_replayable(entry):
-    from refopt.conventions import PRESETS, get_convention
-
-    conv = get_convention(entry["convention"], **entry.get("knobs", {}))
-    return (not conv.differences(PRESETS["tf_keras"])
-            and entry["grads"] in ("dense", "dense_nonfinite", "dense_none"))
-
-
 def _run_conformance(args):
     from refopt import conformance
 
@@ -747,17 +739,13 @@ def _run_conformance(args):
         for e in entries:
             print(f"{e['id']:44s} {e['api']}")
         return 0
-    skipped = 0
-    if args.backend == "cuda":
+    if args.backend == "cuda":  # every case replays there (every convention runs on cuda)
         try:
             from refopt.kernels import cuda as kc
 
             kc.require_device()
         except (ImportError, RuntimeError) as exc:
             raise CommandError(f"--backend cuda: {exc}") from None
-        before = len(entries)
-        entries = [e for e in entries if _cuda_replayable(e)]
-        skipped = before - len(entries)
     header = f"{'case':44s} {'framework':34s} {'optimizer':9s} {'steps':>5s} {'max ulp':>8s} " \
              f"{'tol':>4s}  result"
     print(header)
@@ -774,8 +762,7 @@ def _run_conformance(args):
         print(f"FAIL {r.case}: {r.detail}")
     exact = sum(1 for e in entries if e["tolerance_ulp"] == 0)
     print(f"{len(entries) - len(failed)} of {len(entries)} cases pass on backend "
-          f"{args.backend!r} ({exact} required bit-identical)"
-          + (f"; {skipped} skipped (not replayable on cuda)" if skipped else ""))
+          f"{args.backend!r} ({exact} required bit-identical)")
     return 1 if failed else 0
 
 

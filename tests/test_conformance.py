@@ -54,16 +54,21 @@ def test_a_wrong_convention_fails_the_replay():
     assert not r.passed and r.max_ulp > 1000
 
 
-CUDA_CASES = ["tf_keras/adam_f32", "tf_keras/sgd_momentum_f32", "tf_keras/amsgrad_f32"]
+# one or two per convention, dense and sparse, every optimizer (the whole set replays with
+# `refopt conformance --backend cuda`; on the simulator that takes minutes)
+CUDA_CASES = ["tf_keras/adam_f32", "tf_keras/sgd_momentum_f32", "tf_keras/amsgrad_f32",
+              "tf_keras/adagrad_sparse_f32", "keras3/ema_adam_f32", "keras2/lazyadam_dup",
+              "tf1/rmsprop_centered_momentum_f32", "torch/clip_grad_norm_nonfinite_f32",
+              "torch/sparseadam_f32", "optax/adamw_f32"]
 
 
 @pytest.mark.parametrize("case", CUDA_CASES)
 def test_replay_cuda_subset(case, monkeypatch):
-    """backend="cuda" on numba's simulator (tests/conftest.py), a small subset (it is slow)."""
+    """backend="cuda" on numba's simulator (tests/conftest.py), a subset (it is slow)."""
     kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
     monkeypatch.setattr(kc.config, "THREADS_PER_BLOCK", 4)
     entry = next(e for e in ENTRIES if e["id"] == case)
-    entry = dict(entry, steps=5)  # the first 5 steps of the recorded trajectory
+    entry = dict(entry, steps=min(5, entry["steps"]))  # the first steps of the trajectory
     r = conformance.replay(entry, backend="cuda")
     assert r.passed, r.detail
 
