@@ -222,6 +222,9 @@ def _run_demo(args):
             "a larger corpus)"
         )
 
+    if args.backend == "cuda":
+        raise CommandError("--backend cuda: the demo trains host (NumPy) tables; use "
+                           "--backend cpu or reference (backend='cuda' takes device arrays)")
     try:
         optimizer = demo.make_optimizer(args.learning_rate, args.backend, args.optimizer)
     except (NotImplementedError, ValueError) as exc:

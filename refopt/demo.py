@@ -333,9 +333,17 @@ def sparse_update(optimizer):
     if optimizer._is_lazy():
         return (f"{name} is lazy here: only the rows present in a batch (duplicates summed) "
                 "move, with their slots; the other rows and their slots stay as they are")
-    return (f"{name} is not lazy here: every row of both tables gets the update of a dense "
-            "gradient with zeros in the absent rows (an absent row still moves where its "
-            "slots carry momentum, and its slots decay)")
+    what = (f"{name} is not lazy here: every row of both tables gets the update of a dense "
+            "gradient with zeros in the absent rows")
+    moves = []
+    if optimizer._weight_decay_acts():
+        moves.append("weight decay shrinks every row")
+    if optimizer.slot_names and getattr(optimizer, "momentum", 1) != 0:
+        moves.append("an absent row keeps moving while its slots carry momentum, and its "
+                     "slots decay")
+    if not moves:
+        return what + ", which leaves the absent rows unchanged"
+    return what + " (" + "; ".join(moves) + ")"
 
 
 @dataclass(frozen=True)

@@ -220,14 +220,25 @@ def test_demo_via_main_trains_and_writes_npz(tmp_path, capsys):
         assert "matplotlib is not installed" in stdout
 
 
-@pytest.mark.parametrize("name, lazy", [("Adam", False), ("Adagrad", True), ("SGD", False)])
-def test_demo_optimizer_trains_and_says_how_it_updates_rows(name, lazy, capsys):
+@pytest.mark.parametrize("name, lazy, detail", [
+    ("Adam", False, "an absent row keeps moving while its slots carry momentum"),
+    ("Adagrad", True, "the other rows and their slots stay as they are"),
+    ("SGD", False, "which leaves the absent rows unchanged"),  # momentum 0: nothing carries
+])
+def test_demo_optimizer_trains_and_says_how_it_updates_rows(name, lazy, detail, capsys):
     assert main(["demo", *SMALL, "--optimizer", name, "--no-compare", "--words", "the"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"refopt demo: word2vec skip-gram with negative sampling, {name} ")
     expected = f"sparse      {name} is lazy here" if lazy else f"sparse      {name} is not lazy"
-    assert expected in out
+    assert expected in out and detail in out
     assert "loss        fell" in out and f" {name} steps)" in out
+
+
+def test_demo_backend_cuda_exits_2_with_one_line_message(capsys):
+    assert main(["demo", "--backend", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("refopt demo: error: --backend cuda: the demo trains host") and \
+        err.count("\n") == 1
 
 
 def test_demo_unknown_optimizer_exits_2_naming_the_choices(capsys):

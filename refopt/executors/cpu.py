@@ -371,7 +371,7 @@ def try_fast_step(opt, positions, grads, lr_value):
                 cm[k], cd[k], cs[k] = cmode[j], cden[j], cscale[j]
 
     excluded = opt._exclude_ids
-    decaying = opt.weight_decay is not None
+    decaying = opt._weight_decay_acts()
     groups = {}
     rows_calls = []
     for k, (i, g) in enumerate(zip(positions, grads)):

@@ -423,7 +423,7 @@ def _fused(opt, positions, grads, lr_value, kc):
     per_var = conv.step_counter == "per_variable"
     gstep = opt._iterations + 1
     steps = [(opt._var_steps[i] + 1) if per_var else gstep for i in positions]
-    wd = opt.weight_decay
+    wd = opt.weight_decay if opt._weight_decay_acts() else None
     decay_name = opt._decay_mode() if wd is not None else None
     decays = [wd is not None and id(opt._vars[i]) not in opt._exclude_ids for i in positions]
     lazy = opt._is_lazy()

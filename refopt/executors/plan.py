@@ -175,7 +175,7 @@ def _plan(opt, dtype, lr_value, n, sums, global_norm):
     dmode = 0
     optax_wd = None
     with np.errstate(all="ignore"):
-        if opt.weight_decay is not None:
+        if opt._weight_decay_acts():
             mode = opt._decay_mode()
             if mode == "optax":
                 if opt._exclude_ids:

@@ -124,7 +124,7 @@ def compute(opt, present, lr_value):
         i = opt._index[id(var)]
         step = (opt._var_steps[i] if conv.step_counter == "per_variable"
                 else opt._iterations) + 1
-        decays = opt.weight_decay is not None and id(var) not in opt._exclude_ids
+        decays = opt._weight_decay_acts() and id(var) not in opt._exclude_ids
         if opt._is_lazy() and isinstance(grad, IndexedSlices):
             # Lazy rows: gather the present (unique) rows of the variable and its slots,
             # run the dense update on them, scatter back at commit. Cost ~ rows touched.

@@ -558,6 +558,13 @@ class Optimizer:
         """What ``weight_decay`` means here: the convention's ``adam_weight_decay`` knob."""
         return self.convention.adam_weight_decay
 
+    def _weight_decay_acts(self):
+        """Whether a step applies weight decay: ``weight_decay`` is set, and not PyTorch's L2
+        term with a zero rate (torch's optimizers skip it when ``weight_decay == 0``, their
+        default, so it neither touches an inf weight nor refuses a sparse gradient)."""
+        return self.weight_decay is not None and not (
+            self.weight_decay == 0 and self._decay_mode() == "l2")
+
     # ----------------------------------------------------------------- building
     def _check_var_list(self, var_list, what="var_list"):
         return self._executor.check_var_list(var_list, what)
