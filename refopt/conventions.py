@@ -251,8 +251,8 @@ PRESETS = {
         name="keras2",
         rmsprop_form="keras2",
         adagrad_form="keras2",
-        framework="Keras 2 legacy OptimizerV2 (tf.keras.optimizers.legacy) and "
-        "TF-Addons LazyAdam",
+        framework="Keras 2 legacy OptimizerV2 (tf.keras.optimizers.legacy: Adam, SGD, "
+        "RMSprop, Adagrad) and TF-Addons LazyAdam",
         one_minus_beta="dtype",
         sparse_adam="keras2",
         lazy_update="ema_rows",
@@ -266,8 +266,8 @@ PRESETS = {
         name="tf1",
         rmsprop_form="tf1",
         adagrad_form="tf1",
-        framework="TF1 tf.compat.v1.train.AdamOptimizer / MomentumOptimizer and the TF1 "
-        "contrib LazyAdamOptimizer",
+        framework="TF1 tf.compat.v1.train optimizers (Adam, Momentum, RMSProp, Adagrad) and "
+        "the TF1 contrib LazyAdamOptimizer",
         bias_correction="accumulator",
         one_minus_beta="dtype",
         sparse_adam="tf1",
@@ -282,8 +282,8 @@ PRESETS = {
     ),
     "torch": Convention(
         name="torch",
-        framework="PyTorch torch.optim (Adam/AdamW fused CPU kernel, SparseAdam, SGD), "
-        "clip_grad_norm_, AveragedModel",
+        framework="PyTorch torch.optim (Adam/AdamW fused CPU kernel, SparseAdam, SGD, RMSprop, "
+        "Adagrad), clip_grad_norm_, AveragedModel",
         epsilon_placement="corrected",
         bias_correction="float64",
         one_minus_beta="float64",
@@ -308,7 +308,8 @@ PRESETS = {
     ),
     "optax": Convention(
         name="optax",
-        framework="optax (adam, amsgrad, adamw, sgd, clip_by_global_norm) under jax.jit",
+        framework="optax (adam, amsgrad, adamw, sgd, rmsprop, adagrad, clip_by_global_norm) "
+        "under jax.jit",
         epsilon_placement="corrected",
         bias_correction="float32",
         one_minus_beta="float64",
