@@ -28,12 +28,14 @@ from refopt.reference._common import (  # noqa: F401  (re-exported for the kerne
 FALLBACK_DTYPES = (np.dtype(np.float16),)
 
 
-#: Below this many elements (about a millisecond of work) a parallel kernel runs on the
-#: calling thread only: a parallel region costs microseconds to start, and on a loaded
-#: machine its barrier can wait for a descheduled worker for milliseconds, far longer than
-#: the work itself (measured on this project's shared 2-core machine: a 0.5 ms lazy step
-#: took 12-16 ms with 2 threads while another process ran).
-PARALLEL_MIN_ELEMENTS = 1 << 21
+#: Below this many elements (about 0.1 ms of work) a parallel kernel runs on the calling
+#: thread only (its serial twin): a parallel region costs microseconds to start, and on a
+#: loaded machine its barrier can wait for a descheduled worker for milliseconds (measured on
+#: this project's shared 2-core machine: a 0.5 ms lazy step took 12-16 ms with 2 threads
+#: while another process ran). Lowered from 2**21 when torch's fused Adam, which runs its
+#: threads from about 3e5 elements, was faster between 3e5 and 1e6 elements
+#: (benchmarks/bench_cpu.py --dense-only: 0.84x at 3e5 with 2**21, 0.96-0.99x with 2**17).
+PARALLEL_MIN_ELEMENTS = 1 << 17
 
 
 _SERIAL = {}  # parallel kernel -> its serial twin (drivers.with_serial_twins), or False
