@@ -448,7 +448,8 @@ def _add_optimizer_options(p, *, steps_default):
     )
     p.add_argument(
         "--convention", default="tf_keras",
-        help="whose numerics (default: %(default)s, the only one built in this version)",
+        help="whose numerics: tf_keras, keras3, keras2, tf1, torch or optax "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--dtype", choices=_DTYPE_NAMES, default="float32",

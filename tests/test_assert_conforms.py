@@ -286,3 +286,14 @@ def test_argument_slips_are_refused_clearly():
         assert_conforms(_refopt.Adam, seed="abc", max_examples=2)
     # a single string is one option, not its letters
     assert_conforms(_refopt.Adam, vary="ema", max_examples=3)
+
+
+@pytest.mark.parametrize("conv", ["tf1", "optax", "keras2"])
+def test_strategies_draw_only_what_the_convention_accepts(conv):
+    """A user's report: under tf1 the strategies drew Adagrad's epsilon and a zero start
+    (TF1 refuses both), and use_ema under conventions without EMA; refopt against itself
+    must conform under every convention with every option varied."""
+    import functools
+
+    assert_conforms(functools.partial(refopt.Adagrad, convention=conv), optimizer="Adagrad",
+                    convention=conv, max_examples=4, vary=("ema", "weight_decay", "clipping"))

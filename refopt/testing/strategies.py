@@ -27,6 +27,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from refopt import conventions as _conventions
 from refopt import optimizers as _optimizers
 from refopt import schedules as _schedules
 from refopt.indexed_slices import IndexedSlices
@@ -286,7 +287,7 @@ def learning_rate_schedules(draw, *, max_learning_rate=1.0):
 
 
 def hyperparameters(*, optimizer="Adam", dtype="float32", weight_decay=True,
-                    clipping=True, ema=True, schedules=False, fixed=None):
+                    clipping=True, ema=True, schedules=False, fixed=None, convention=None):
     """Constructor keyword arguments for a refopt optimizer, every value in its valid range.
 
     Parameters
@@ -313,6 +314,11 @@ def hyperparameters(*, optimizer="Adam", dtype="float32", weight_decay=True,
         Sometimes draw a :func:`learning_rate_schedules` instead of a float learning rate.
     fixed : dict, optional
         Arguments to use as given instead of drawing them (they override the drawn ones).
+    convention : str, refopt.conventions.Convention or None
+        Draw only what this convention accepts: no ``use_ema`` where the framework has no
+        moving average (Keras 2, TF1, optax), no ``weight_decay`` where the optimizer has none
+        there, TF1's Adagrad without ``epsilon`` and with a starting accumulator > 0. None:
+        tf_keras' rules.
 
     Returns
     -------
@@ -328,12 +334,26 @@ def hyperparameters(*, optimizer="Adam", dtype="float32", weight_decay=True,
     cls = _check_optimizer(optimizer)
     if fixed is not None and not isinstance(fixed, dict):
         raise TypeError(f"`fixed` must be a dict or None. Received: fixed={fixed!r}")
+    conv = _conventions.get_convention("tf_keras" if convention is None else convention)
     return _hyperparameters(cls, optimizer, _dtype(dtype), weight_decay, clipping, ema,
-                            schedules, dict(fixed or {}))
+                            schedules, dict(fixed or {}), conv)
+
+
+def _has_weight_decay(cls, conv):
+    """Whether ``cls`` has a weight decay under ``conv`` (its ``_decay_mode`` reads only the
+    convention); True when that cannot be told."""
+    class _Probe:
+        convention = conv
+
+    try:
+        return cls._decay_mode(_Probe()) != "none"
+    except Exception:  # a user's optimizer with its own rule: let refopt decide
+        return True
 
 
 @st.composite
-def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, schedules, fixed):
+def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, schedules, fixed,
+                     conv):
     lr = st.floats(0.0, 1.0)
     if schedules:
         lr = lr | learning_rate_schedules()
@@ -350,14 +370,18 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
         out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-8, 1e-3))
         out["centered"] = draw(st.booleans())
     elif issubclass(cls, _optimizers.Adagrad):
-        out["initial_accumulator_value"] = draw(st.floats(0.0, 1.0))
-        out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-10, 1e-3))
+        if conv.adagrad_form == "tf1":  # TF1: no epsilon, a start > 0
+            out["initial_accumulator_value"] = draw(st.floats(0.01, 1.0))
+        else:
+            out["initial_accumulator_value"] = draw(st.floats(0.0, 1.0))
+            out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-10,
+                                            1e-3))
     elif issubclass(cls, _optimizers.SGD):
         out["momentum"] = draw(st.floats(0.0, 1.0))
         out["nesterov"] = draw(st.booleans())
     if optimizer == "AdamW":
         out["weight_decay"] = draw(st.floats(0.0, 1.0))
-    elif weight_decay:
+    elif weight_decay and _has_weight_decay(cls, conv):
         wd = draw(st.none() | st.floats(0.0, 1.0))
         if wd is not None:
             out["weight_decay"] = wd
@@ -365,7 +389,7 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
         kind = draw(st.sampled_from([None, "clipnorm", "global_clipnorm", "clipvalue"]))
         if kind is not None:
             out[kind] = draw(st.floats(1e-3, 1e3))
-    if ema and draw(st.booleans()):
+    if ema and conv.ema != "none" and draw(st.booleans()):
         out["use_ema"] = True
         out["ema_momentum"] = draw(st.floats(0.0, 1.0))
         out["ema_overwrite_frequency"] = draw(st.none() | st.integers(1, 3))
@@ -471,7 +495,8 @@ def trajectories(*, optimizer="Adam", dtype="float32", min_steps=1, max_steps=3,
             f"max_steps={max_steps}"
         )
     hp = hyperparameters(optimizer=optimizer, dtype=dtype, weight_decay=weight_decay,
-                         clipping=clipping, ema=ema, schedules=schedules, fixed=config)
+                         clipping=clipping, ema=ema, schedules=schedules, fixed=config,
+                         convention=convention)
     gradient_kw = dict(max_magnitude=max_magnitude, allow_nonfinite=allow_nonfinite,
                        extreme=extreme)
     float_arrays(shape=(0,), dtype=dtype, **gradient_kw)  # validate now
