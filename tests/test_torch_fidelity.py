@@ -31,3 +31,19 @@ def test_torch_zero_weight_decay_leaves_an_inf_weight_alone(backend):
     opt = refopt.Adam(learning_rate=0.1, weight_decay=0.0, convention="torch", backend=backend)
     opt.apply_gradients([(np.array([0.5, 0.5], F32), w)])
     assert w[0] == np.inf and w[1] == F32(0.9000000357627869)
+
+
+def test_torch_adagrad_checkpoint_loads_into_torchs_default_lr_decay(tmp_path):
+    # torch.optim.Adagrad's lr_decay defaults to 0; a checkpoint written without the
+    # argument must load into Adagrad(convention="torch", lr_decay=0.0) (a user's report).
+    from refopt.checkpoint import load_checkpoint, save_checkpoint
+
+    w = np.ones(3, F32)
+    opt = refopt.Adagrad(learning_rate=0.1, convention="torch")
+    opt.apply_gradients([(np.ones(3, F32), w)])
+    assert opt.get_config()["lr_decay"] == 0.0
+    save_checkpoint(tmp_path / "a.npz", opt, [w])
+    w2 = np.empty_like(w)
+    load_checkpoint(tmp_path / "a.npz", refopt.Adagrad(learning_rate=0.1, convention="torch",
+                                                        lr_decay=0.0), [w2])
+    np.testing.assert_array_equal(w2, w)

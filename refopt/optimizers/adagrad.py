@@ -121,6 +121,8 @@ class Adagrad(Optimizer):
                     f"`lr_decay` is PyTorch's option; convention={conv.name!r} has no "
                     f"learning-rate decay for Adagrad. Received: lr_decay={lr_decay!r}"
                 )
+        elif form == "torch":
+            lr_decay = 0.0  # torch's default: the configs and checkpoints say so
         self.lr_decay = lr_decay
         super().__init__(
             name=name,
