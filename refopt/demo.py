@@ -328,7 +328,20 @@ def make_optimizer(learning_rate=None, backend="cpu", optimizer="LazyAdam"):
 
 def sparse_update(optimizer):
     """One line saying what ``optimizer`` does to the rows of an embedding table given an
-    :class:`~refopt.IndexedSlices` gradient (under its convention)."""
+    :class:`~refopt.IndexedSlices` gradient (under its convention).
+
+    Parameters
+    ----------
+    optimizer : refopt.Optimizer
+        Built or not; read only (its laziness, weight decay, slots and momentum).
+
+    Returns
+    -------
+    str
+        ``"<Name> is lazy here: ..."`` (only the present rows and their slots move) or
+        ``"<Name> is not lazy here: ..."`` with what moves the absent rows (weight decay,
+        slots carrying momentum) or that nothing does.
+    """
     name = type(optimizer).__name__
     if optimizer._is_lazy():
         return (f"{name} is lazy here: only the rows present in a batch (duplicates summed) "

@@ -313,6 +313,21 @@ def _digest(rule, text):
     return h.hexdigest()[:16]
 
 
+def _load(name, text):
+    """Write the generated module ``name`` to the cache (atomically, if its text changed) and
+    import it: Numba caches its kernels only for a module file."""
+    path = _cache_dir() / f"{name}.py"
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def kernels(rule, fl, dmode=0, tail=False):
     """The driver module of ``rule`` (``dense``, ``rows``, ``table``) for the flags ``fl``
     (a sequence of ints, the rule call's; ``None``: flags read at run time), the decay mode its common loop is specialised for
@@ -336,17 +351,7 @@ def kernels(rule, fl, dmode=0, tail=False):
             return mod
         text = source(rule, fl, dmode, tail)
         tag = f"{rule.element.__module__.replace('.', '_')}__{rule.element.__name__}"
-        name = f"refopt_driver_{tag}_{_digest(rule, text)}"
-        path = _cache_dir() / f"{name}.py"
-        if not path.exists() or path.read_text() != text:
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(text)
-            os.replace(tmp, path)
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-        _BUILT[key] = mod
+        mod = _BUILT[key] = _load(f"refopt_driver_{tag}_{_digest(rule, text)}", text)
         return mod
 
 
@@ -643,17 +648,7 @@ def reduce_kernels(reduction, order="numpy"):
             h.update(inspect.getsource(m).encode())
         h.update(numba.__version__.encode())
         tag = f"{reduction.element.__module__.replace('.', '_')}__{reduction.name}_{order}"
-        name = f"refopt_reduce_{tag}_{h.hexdigest()[:16]}"
-        path = _cache_dir() / f"{name}.py"
-        if not path.exists() or path.read_text() != text:
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(text)
-            os.replace(tmp, path)
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-        _BUILT[key] = mod
+        mod = _BUILT[key] = _load(f"refopt_reduce_{tag}_{h.hexdigest()[:16]}", text)
         return mod
 
 
