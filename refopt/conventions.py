@@ -47,6 +47,16 @@ KNOB_VALUES = {
     "step_counter": ("global", "per_variable"),
     "rmsprop_form": ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax"),
     "adagrad_form": ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax"),
+    "adadelta_form": ('tf_keras', 'keras3', 'keras2', 'tf1', 'torch', 'optax', 'none'),
+    "adamax_form": ('tf_keras', 'keras3', 'keras2', 'torch', 'optax', 'none'),
+    "nadam_form": ('tf_keras', 'keras3', 'keras2', 'torch', 'optax', 'none'),
+    "adafactor_form": ('tf_keras', 'keras3', 'torch', 'optax', 'none'),
+    "lion_form": ('keras3', 'tf_keras', 'optax', 'none'),
+    "lamb_form": ('keras3', 'optax', 'none'),
+    "ftrl_form": ('tf_keras', 'keras3', 'keras2', 'tf1', 'none'),
+    "radam_form": ('torch', 'optax', 'none'),
+    "asgd_form": ('torch', 'none'),
+    "rprop_form": ('torch', 'none'),
 }
 
 
@@ -139,6 +149,12 @@ class Convention:
         Which framework's Adagrad step (epsilon inside or outside the root or none, ``rsqrt``,
         FMA, how the initial accumulator is rounded, which sparse update, defaults): see
         :func:`refopt.reference.adagrad_update`.
+    adadelta_form, adamax_form, nadam_form, adafactor_form, lion_form, lamb_form, ftrl_form, \
+radam_form, asgd_form, rprop_form : str
+        Which framework's step the optimizer of that name takes (the framework family, as
+        ``adagrad_form``), or ``"none"`` where the framework has no such optimizer (the
+        class then refuses the convention, naming both). See each optimizer's reference
+        function in :mod:`refopt.reference`.
     keras3_sparse_square : bool
         Reproduce a Keras 3 (TF backend) bug: for an IndexedSlices gradient ``v`` gets the
         sum of the squared duplicate slices instead of the square of their sum. Off in every
@@ -169,6 +185,16 @@ class Convention:
     keras3_sparse_square: bool = False
     rmsprop_form: str = "tf_keras"
     adagrad_form: str = "tf_keras"
+    adadelta_form: str = "tf_keras"
+    adamax_form: str = "tf_keras"
+    nadam_form: str = "tf_keras"
+    adafactor_form: str = "tf_keras"
+    lion_form: str = "tf_keras"
+    lamb_form: str = "none"
+    ftrl_form: str = "tf_keras"
+    radam_form: str = "none"
+    asgd_form: str = "none"
+    rprop_form: str = "none"
 
     def __post_init__(self):
         for knob, allowed in KNOB_VALUES.items():
@@ -242,6 +268,13 @@ PRESETS = {
         name="keras3",
         rmsprop_form="keras3",
         adagrad_form="keras3",
+        adadelta_form="keras3",
+        adamax_form="keras3",
+        nadam_form="keras3",
+        adafactor_form="keras3",
+        lion_form="keras3",
+        lamb_form="keras3",
+        ftrl_form="keras3",
         framework="Keras 3 (keras.optimizers, TensorFlow backend)",
         sparse_adam="densify",
         clip_selection="one_only",
@@ -251,6 +284,12 @@ PRESETS = {
         name="keras2",
         rmsprop_form="keras2",
         adagrad_form="keras2",
+        adadelta_form="keras2",
+        adamax_form="keras2",
+        nadam_form="keras2",
+        adafactor_form="none",
+        lion_form="none",
+        ftrl_form="keras2",
         framework="Keras 2 legacy OptimizerV2 (tf.keras.optimizers.legacy: Adam, SGD, "
         "RMSprop, Adagrad) and TF-Addons LazyAdam",
         one_minus_beta="dtype",
@@ -266,6 +305,12 @@ PRESETS = {
         name="tf1",
         rmsprop_form="tf1",
         adagrad_form="tf1",
+        adadelta_form="tf1",
+        adamax_form="none",
+        nadam_form="none",
+        adafactor_form="none",
+        lion_form="none",
+        ftrl_form="tf1",
         framework="TF1 tf.compat.v1.train optimizers (Adam, Momentum, RMSProp, Adagrad) and "
         "the TF1 contrib LazyAdamOptimizer",
         bias_correction="accumulator",
@@ -305,6 +350,15 @@ PRESETS = {
         default_adamw_weight_decay=0.01,
         rmsprop_form="torch",
         adagrad_form="torch",
+        adadelta_form="torch",
+        adamax_form="torch",
+        nadam_form="torch",
+        adafactor_form="torch",
+        lion_form="none",
+        ftrl_form="none",
+        radam_form="torch",
+        asgd_form="torch",
+        rprop_form="torch",
     ),
     "optax": Convention(
         name="optax",
@@ -331,6 +385,14 @@ PRESETS = {
         default_adamw_weight_decay=1e-4,
         rmsprop_form="optax",
         adagrad_form="optax",
+        adadelta_form="optax",
+        adamax_form="optax",
+        nadam_form="optax",
+        adafactor_form="optax",
+        lion_form="optax",
+        lamb_form="optax",
+        ftrl_form="none",
+        radam_form="optax",
     ),
 }
 
