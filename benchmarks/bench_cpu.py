@@ -290,6 +290,29 @@ def _catalogue():
         ("Adagrad", 20, lambda: refopt.Adagrad(learning_rate=1e-2, backend="cpu"),
          (lambda ps, **kw: torch.optim.Adagrad(ps, lr=1e-2, **kw)) if torch else None),
     ]
+    # The rest of the catalogue, as each lands: (class name, bytes per float32 element moved by
+    # one step: 4 read + 4 written per parameter and slot, 4 read for the gradient; refopt
+    # keywords; torch.optim class name or None; torch keywords)
+    more = [
+        ("Adamax", 28, {}, "Adamax", {}),
+        ("Adadelta", 28, {"learning_rate": 1.0}, "Adadelta", {"lr": 1.0}),
+        ("Nadam", 28, {}, "NAdam", {}),
+        ("Lion", 20, {"learning_rate": 1e-4}, None, {}),
+        ("RAdam", 28, {"convention": "torch"}, "RAdam", {}),
+        ("ASGD", 20, {"convention": "torch"}, "ASGD", {}),
+        ("Rprop", 28, {"convention": "torch"}, "Rprop", {}),
+        ("Ftrl", 28, {}, None, {}),
+        ("Lamb", 28, {"convention": "keras3"}, None, {}),
+    ]
+    for name, nbytes, kwargs, tname, tkwargs in more:
+        cls = getattr(refopt, name, None)
+        if cls is None:
+            continue
+        tcls = getattr(torch.optim, tname, None) if (torch and tname) else None
+        out.append((name, nbytes,
+                    lambda cls=cls, kwargs=kwargs: cls(backend="cpu", **kwargs),
+                    (lambda ps, tcls=tcls, tkwargs=tkwargs, **kw: tcls(ps, **tkwargs, **kw))
+                    if tcls is not None else None))
     return out
 
 

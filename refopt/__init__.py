@@ -8,18 +8,46 @@ API (:class:`Adam`, :class:`AdamW`, :class:`LazyAdam`, :class:`SGD`), learning-r
 
 from refopt.indexed_slices import IndexedSlices
 from refopt import reference, schedules
-from refopt.optimizers import SGD, Adagrad, Adam, AdamW, LazyAdam, Optimizer, RMSprop
+from refopt.optimizers import (
+    ASGD,
+    SGD,
+    Adadelta,
+    Adafactor,
+    Adagrad,
+    Adam,
+    AdamW,
+    Adamax,
+    Ftrl,
+    Lamb,
+    LazyAdam,
+    Lion,
+    Nadam,
+    Optimizer,
+    RAdam,
+    RMSprop,
+    Rprop,
+)
 from refopt.checkpoint import load_checkpoint, save_checkpoint
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Adadelta",
+    "Adafactor",
+    "Lamb",
     "Adagrad",
     "Adam",
+    "Adamax",
+    "ASGD",
+    "Rprop",
     "AdamW",
+    "Ftrl",
     "IndexedSlices",
     "LazyAdam",
+    "Lion",
+    "Nadam",
     "Optimizer",
+    "RAdam",
     "RMSprop",
     "SGD",
     "load_checkpoint",

@@ -377,7 +377,8 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
     if meta["built"]:
         for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
             for name in names:
-                slots[name, i] = _expect(arrays, f"slot_{name}_{i}", shape, dtype, p)
+                slots[name, i] = _expect(arrays, f"slot_{name}_{i}",
+                                         tuple(optimizer.slot_shape(name, shape)), dtype, p)
     values = []
     if restore_variables and meta["has_variables"]:
         values = [_expect(arrays, f"variable_{i}", s, d, p)

@@ -417,7 +417,8 @@ def _one_line(exc):
 # ---------------------------------------------------------------------------------------------
 # options shared by refopt golden and refopt check
 
-_OPTIMIZER_NAMES = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad")
+_OPTIMIZER_NAMES = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad", "Adadelta", "Adamax",
+                    "Nadam", "Adafactor", "Lion", "Lamb", "Ftrl", "RAdam", "ASGD", "Rprop")
 _DTYPE_NAMES = ("float16", "float32", "float64")
 
 
@@ -447,9 +448,9 @@ def _add_optimizer_options(p, *, steps_default):
         "(0.01, true, null, or a schedule as {\"class_name\": ..., \"config\": {...}}); repeatable",
     )
     p.add_argument(
-        "--convention", default="tf_keras",
+        "--convention", default=None,
         help="whose numerics: tf_keras, keras3, keras2, tf1, torch or optax "
-        "(default: %(default)s)",
+        "(default: the optimizer's own, tf_keras; torch for RAdam, ASGD, Rprop)",
     )
     p.add_argument(
         "--dtype", choices=_DTYPE_NAMES, default="float32",
@@ -467,10 +468,12 @@ def _add_optimizer_options(p, *, steps_default):
 
 def _config(args):
     """The --set options as a dict, validated by constructing the refopt optimizer."""
-    from refopt.testing.trajectory import optimizer_class
+    from refopt.testing.trajectory import default_convention, optimizer_class
 
     config = dict(args.settings)
     cls = optimizer_class(args.optimizer)
+    if args.convention is None:
+        args.convention = default_convention(cls)
     try:
         from refopt import schedules
 

@@ -89,6 +89,20 @@ ADAGRAD_ERRORS = (
     ({"learning_rate": None, "convention": "tf1"}, TypeError, r"needs a `learning_rate`"),
 )
 
+ADAMAX_ERRORS = (
+    ({"beta_1": 1.0}, ValueError, r"beta_1.*\[0, 1\).*Received: beta_1=1\.0"),
+    ({"beta_2": -0.5}, ValueError, r"beta_2.*Received: beta_2=-0\.5"),
+    ({"epsilon": -1e-7}, ValueError, r"epsilon.*>= 0.*Received: epsilon=-1e-07"),
+    ({"epsilon": "1e-7"}, TypeError, r"epsilon"),
+    ({"convention": "tf1"}, ValueError, r"Adamax does not exist under convention='tf1'"),
+    ({"learning_rate": None, "convention": "optax"}, TypeError, r"needs a `learning_rate`"),
+    ({"weight_decay": 0.1, "convention": "keras2"}, ValueError,
+     r"convention='keras2' has no weight decay for Adamax.*Received: weight_decay=0\.1"),
+    ({"learning_rate": 0.1, "weight_decay": 0.1, "convention": "optax"}, ValueError,
+     r"convention='optax' has no weight decay for Adamax"),
+    ({"amsgrad": True}, TypeError, r"unexpected keyword argument 'amsgrad'"),
+)
+
 ADAM_CONFIGS = (
     {},
     {"amsgrad": True},
@@ -140,6 +154,281 @@ OPTIMIZERS = (
         ),
         COMMON_ERRORS + ADAGRAD_ERRORS,
         ("accumulator",),
+    ),
+    OptimizerInfo(
+        refopt.Adamax,
+        (
+            {},
+            {"learning_rate": 0.01, "beta_1": 0.5, "beta_2": 0.9, "epsilon": 1e-3},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True},
+            {"convention": "torch", "weight_decay": 0.01, "global_clipnorm": 0.5},
+        ),
+        COMMON_ERRORS + ADAMAX_ERRORS,
+        ("m", "u"),
+    ),
+)
+
+
+ADADELTA_ERRORS = (
+    ({"rho": 1.5}, ValueError, r"rho.*\[0, 1\].*Received: rho=1\.5"),
+    ({"rho": "0.9"}, TypeError, r"rho.*real number"),
+    ({"epsilon": -1.0}, ValueError, r"epsilon.*>= 0.*Received: epsilon=-1\.0"),
+    ({"convention": "optax"}, TypeError, r"needs a `learning_rate`.*climb the gradient"),
+    ({"convention": "keras2", "weight_decay": 0.01}, ValueError,
+     r"convention='keras2' has no weight decay for Adadelta"),
+    ({"convention": refopt.conventions.get_convention("torch", adadelta_form="none")},
+     ValueError, r"Adadelta does not exist under convention='torch'.*'none'"),
+)
+
+OPTIMIZERS += (
+    OptimizerInfo(
+        refopt.Adadelta,
+        (
+            {},
+            {"learning_rate": 1.0, "rho": 0.5, "epsilon": 1e-3},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True},
+            {"convention": "torch", "weight_decay": 0.01, "global_clipnorm": 0.5},
+            {"convention": "optax", "learning_rate": 0.5, "weight_decay": 0.01},
+        ),
+        COMMON_ERRORS + ADADELTA_ERRORS,
+        ("accumulated_grad", "accumulated_delta"),
+    ),
+)
+
+# ASGD and Rprop exist under PyTorch only: their default convention is "torch"
+ASGD_ERRORS = (
+    ({"lambd": -0.1}, ValueError, r"lambd.*>= 0.*Received: lambd=-0\.1"),
+    ({"alpha": float("inf")}, ValueError, r"alpha.*finite"),
+    ({"t0": "5"}, TypeError, r"t0.*real number"),
+    ({"convention": "tf_keras"}, ValueError, r"ASGD does not exist under convention='tf_keras'"),
+)
+
+RPROP_ERRORS = (
+    ({"etas": (0.5, 1.0)}, ValueError, r"etas.*0 < etaminus < 1 < etaplus"),
+    ({"etas": 0.5}, TypeError, r"etas.*pair"),
+    ({"step_sizes": (1.0, 0.5)}, ValueError, r"step_sizes.*Received: step_sizes=\(1\.0, 0\.5\)"),
+    ({"weight_decay": 0.01}, ValueError, r"convention='torch' has no weight decay for Rprop"),
+    ({"convention": "optax"}, ValueError, r"Rprop does not exist under convention='optax'"),
+)
+
+OPTIMIZERS += (
+    OptimizerInfo(
+        refopt.ASGD,
+        (
+            {},
+            {"learning_rate": 0.05, "lambd": 0.01, "alpha": 0.6, "t0": 2.0},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True},
+            {"t0": 0.0, "global_clipnorm": 0.5, "clipvalue": None},
+        ),
+        COMMON_ERRORS + ASGD_ERRORS,
+        ("ax",),
+    ),
+    OptimizerInfo(
+        refopt.Rprop,
+        (
+            {},
+            {"learning_rate": 0.02, "etas": (0.3, 1.5), "step_sizes": (1e-3, 0.05)},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "use_ema": True},
+        ),
+        COMMON_ERRORS + RPROP_ERRORS,
+        ("prev", "step_size"),
+    ),
+)
+
+
+# Lamb exists under Keras 3 and optax only: its default convention is "keras3"
+LAMB_ERRORS = (
+    ({"beta_1": 1.0}, ValueError, r"beta_1.*\[0, 1\).*Received: beta_1=1\.0"),
+    ({"beta_2": -0.5}, ValueError, r"beta_2.*Received: beta_2=-0\.5"),
+    ({"epsilon": -1e-7}, ValueError, r"epsilon.*>= 0.*Received: epsilon=-1e-07"),
+    ({"eps_root": 1e-8}, ValueError, r"eps_root.*optax.*Received: eps_root=1e-08"),
+    ({"convention": "optax"}, TypeError, r"needs a `learning_rate`"),
+    ({"convention": "tf_keras"}, ValueError, r"Lamb does not exist under convention='tf_keras'"),
+    ({"convention": "torch"}, ValueError, r"Lamb does not exist under convention='torch'"),
+)
+
+ADAFACTOR_ERRORS = (
+    ({"beta_2_decay": 0.5}, ValueError, r"beta_2_decay.*<= 0.*Received: beta_2_decay=0\.5"),
+    ({"epsilon_1": -1.0}, ValueError, r"epsilon_1.*>= 0"),
+    ({"epsilon_2": float("nan")}, ValueError, r"epsilon_2.*finite"),
+    ({"clip_threshold": None}, ValueError, r"clip_threshold=None.*optax"),
+    ({"clip_threshold": 0.5, "convention": "torch"}, ValueError,
+     r"clip_threshold.*>= 1.*Received: clip_threshold=0\.5"),
+    ({"relative_step": 1}, TypeError, r"relative_step.*bool"),
+    ({"relative_step": False, "convention": "torch"}, ValueError,
+     r"relative_step.*Keras.*convention='torch'"),
+    ({"min_dim_size_to_factor": 2}, ValueError, r"min_dim_size_to_factor.*optax"),
+    ({"min_dim_size_to_factor": 2.5, "convention": "optax"}, ValueError,
+     r"min_dim_size_to_factor.*integer"),
+    ({"momentum": 0.9, "convention": "optax"}, NotImplementedError, r"momentum.*not reproduced"),
+    ({"convention": "keras2"}, ValueError, r"Adafactor does not exist under convention='keras2'"),
+)
+
+OPTIMIZERS += (
+    OptimizerInfo(
+        refopt.Lamb,
+        (
+            {},
+            {"learning_rate": 0.01, "beta_1": 0.5, "beta_2": 0.9, "epsilon": 1e-3},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True},
+            {"convention": "optax", "learning_rate": 0.01, "eps_root": 1e-8,
+             "weight_decay": 0.01, "global_clipnorm": 0.5},
+        ),
+        COMMON_ERRORS + LAMB_ERRORS,
+        ("m", "v"),
+    ),
+    OptimizerInfo(
+        refopt.Adafactor,
+        (
+            {},
+            {"learning_rate": 0.05, "beta_2_decay": -0.5, "epsilon_2": 1e-2,
+             "clip_threshold": 0.5, "relative_step": False},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True,
+             "convention": "keras3"},
+            {"convention": "torch", "weight_decay": 0.01, "epsilon_1": 1e-10},
+            {"convention": "optax", "min_dim_size_to_factor": 1, "weight_decay": 0.01,
+             "clip_threshold": None, "multiply_by_parameter_scale": False},
+        ),
+        COMMON_ERRORS + ADAFACTOR_ERRORS,
+        ("velocity_row", "velocity_col", "velocity"),
+    ),
+)
+
+
+# Ftrl exists in the TensorFlow families only (tf_keras, keras3, keras2, tf1)
+FTRL_ERRORS = (
+    ({"learning_rate_power": 0.5}, ValueError,
+     r"learning_rate_power.*<= 0.*Received: learning_rate_power=0\.5"),
+    ({"initial_accumulator_value": -0.1}, ValueError,
+     r"initial_accumulator_value.*>= 0.*Received: initial_accumulator_value=-0\.1"),
+    ({"l1_regularization_strength": -0.01}, ValueError,
+     r"l1_regularization_strength.*>= 0.*Received: l1_regularization_strength=-0\.01"),
+    ({"l2_regularization_strength": float("nan")}, ValueError,
+     r"l2_regularization_strength.*finite"),
+    ({"l2_shrinkage_regularization_strength": "0.1"}, TypeError,
+     r"l2_shrinkage_regularization_strength.*real number"),
+    ({"beta": -1.0}, ValueError, r"beta.*>= 0.*Received: beta=-1\.0"),
+    ({"convention": "tf1"}, TypeError, r"convention='tf1' needs a `learning_rate`"),
+    ({"convention": "keras2", "weight_decay": 0.01}, ValueError,
+     r"convention='keras2' has no weight decay for Ftrl"),
+    ({"convention": "torch"}, ValueError, r"Ftrl does not exist under convention='torch'"),
+    ({"convention": "optax"}, ValueError, r"Ftrl does not exist under convention='optax'"),
+)
+
+OPTIMIZERS += (
+    OptimizerInfo(
+        refopt.Ftrl,
+        (
+            {},
+            {"learning_rate": 0.1, "learning_rate_power": -0.3, "l1_regularization_strength": 0.01,
+             "l2_regularization_strength": 0.02, "l2_shrinkage_regularization_strength": 0.1,
+             "beta": 0.1},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True},
+            {"convention": "tf1", "learning_rate": 0.1, "l2_shrinkage_regularization_strength": 0.1},
+            {"convention": "keras2", "learning_rate_power": 0.0, "global_clipnorm": 0.5},
+        ),
+        COMMON_ERRORS + FTRL_ERRORS,
+        ("accumulator", "linear"),
+    ),
+)
+
+
+# Lion exists under tf_keras, Keras 3 and optax; RAdam under torch and optax (its default
+# convention is "torch")
+LION_ERRORS = (
+    ({"beta_1": 0.0}, ValueError, r"beta_1.*\(0, 1\].*Received: beta_1=0\.0"),
+    ({"beta_2": 1.5}, ValueError, r"beta_2.*\[0, 1\].*Received: beta_2=1\.5"),
+    ({"beta_2": "0.9"}, TypeError, r"beta_2.*real number"),
+    ({"convention": "optax"}, TypeError, r"Lion under convention='optax' needs a `learning_rate`"),
+    ({"convention": "torch"}, ValueError, r"Lion does not exist under convention='torch'"),
+    ({"convention": "keras2"}, ValueError, r"Lion does not exist under convention='keras2'"),
+)
+
+RADAM_ERRORS = (
+    ({"beta_1": 1.0}, ValueError, r"beta_1.*\[0, 1\).*Received: beta_1=1\.0"),
+    ({"beta_2": float("nan")}, ValueError, r"beta_2.*finite"),
+    ({"epsilon": -1e-8}, ValueError, r"epsilon.*>= 0.*Received: epsilon=-1e-08"),
+    ({"decoupled_weight_decay": "yes"}, TypeError, r"decoupled_weight_decay.*bool"),
+    ({"threshold": 4.0}, ValueError, r"threshold.*optax.*Received: threshold=4\.0"),
+    ({"epsilon_root": 1e-8}, ValueError, r"epsilon_root.*optax.*Received: epsilon_root=1e-08"),
+    ({"convention": "optax"}, TypeError, r"RAdam under convention='optax' needs a `learning_rate`"),
+    ({"convention": "optax", "learning_rate": 0.1, "decoupled_weight_decay": True}, ValueError,
+     r"decoupled_weight_decay.*PyTorch.*Received: decoupled_weight_decay=True"),
+    ({"convention": "optax", "learning_rate": 0.1, "weight_decay": 0.01}, ValueError,
+     r"convention='optax' has no weight decay for RAdam"),
+    ({"convention": "tf_keras"}, ValueError, r"RAdam does not exist under convention='tf_keras'"),
+    ({"convention": "keras3"}, ValueError, r"RAdam does not exist under convention='keras3'"),
+)
+
+OPTIMIZERS += (
+    OptimizerInfo(
+        refopt.Lion,
+        (
+            {},
+            {"learning_rate": 0.01, "beta_1": 0.5, "beta_2": 0.9},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True},
+            {"convention": "keras3", "weight_decay": 0.01, "global_clipnorm": 0.5},
+            {"convention": "optax", "learning_rate": 0.01, "weight_decay": 0.0},
+            {"convention": "optax", "learning_rate": 0.01, "global_clipnorm": 0.5},
+        ),
+        COMMON_ERRORS + LION_ERRORS,
+        ("m",),
+    ),
+    OptimizerInfo(
+        refopt.RAdam,
+        (
+            {},
+            {"learning_rate": 0.01, "beta_1": 0.4, "beta_2": 0.99, "epsilon": 1e-6},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True},
+            {"weight_decay": 0.01, "decoupled_weight_decay": True, "global_clipnorm": 0.5},
+            {"convention": "optax", "learning_rate": 0.01, "epsilon_root": 1e-8,
+             "threshold": 4.0},
+        ),
+        COMMON_ERRORS + RADAM_ERRORS,
+        ("m", "v"),
+    ),
+)
+
+
+# Nadam exists under tf_keras, Keras 3, Keras 2, torch and optax (TF1 has none)
+NADAM_ERRORS = (
+    ({"beta_1": 1.0}, ValueError, r"beta_1.*\[0, 1\).*Received: beta_1=1\.0"),
+    ({"beta_2": -0.5}, ValueError, r"beta_2.*Received: beta_2=-0\.5"),
+    ({"epsilon": -1e-7}, ValueError, r"epsilon.*>= 0.*Received: epsilon=-1e-07"),
+    ({"epsilon": "1e-7"}, TypeError, r"epsilon.*real number"),
+    ({"convention": "tf1"}, ValueError, r"Nadam does not exist under convention='tf1'"),
+    ({"convention": "optax"}, TypeError, r"Nadam under convention='optax' needs a `learning_rate`"),
+    ({"momentum_decay": 0.004}, ValueError,
+     r"momentum_decay.*PyTorch.*Received: momentum_decay=0\.004"),
+    ({"convention": "torch", "momentum_decay": -0.1}, ValueError,
+     r"momentum_decay.*>= 0.*Received: momentum_decay=-0\.1"),
+    ({"decoupled_weight_decay": True}, ValueError,
+     r"decoupled_weight_decay.*PyTorch.*Received: decoupled_weight_decay=True"),
+    ({"convention": "torch", "decoupled_weight_decay": "yes"}, TypeError,
+     r"decoupled_weight_decay.*bool"),
+    ({"convention": "keras2", "weight_decay": 0.01}, ValueError,
+     r"convention='keras2' has no weight decay for Nadam.*Received: weight_decay=0\.01"),
+    ({"convention": "optax", "learning_rate": 0.1, "weight_decay": 0.01}, ValueError,
+     r"convention='optax' has no weight decay for Nadam"),
+    ({"convention": "keras2", "learning_rate": refopt.schedules.ExponentialDecay(0.1, 2, 0.5)},
+     ValueError, r"Keras 2's legacy Nadam does not support learning-rate schedules"),
+)
+
+OPTIMIZERS += (
+    OptimizerInfo(
+        refopt.Nadam,
+        (
+            {},
+            {"learning_rate": 0.01, "beta_1": 0.5, "beta_2": 0.9, "epsilon": 1e-3},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "weight_decay": 0.01, "use_ema": True},
+            {"convention": "torch", "weight_decay": 0.01, "momentum_decay": 0.01,
+             "global_clipnorm": 0.5},
+            {"convention": "torch", "weight_decay": 0.01, "decoupled_weight_decay": True},
+            {"convention": "keras2", "epsilon": 0.0},
+            {"convention": "optax", "learning_rate": 0.01},
+        ),
+        COMMON_ERRORS + NADAM_ERRORS,
+        ("m", "v"),
     ),
 )
 

@@ -236,7 +236,7 @@ def test_kind_detection_and_override():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"optimizer": "Adadelta"}, ValueError, "optimizer='Adadelta'"),
+    ({"optimizer": "Shampoo"}, ValueError, "optimizer='Shampoo'"),
     ({"steps": 0}, ValueError, "steps=0"),
     ({"max_examples": 0}, ValueError, "max_examples=0"),
     ({"tolerance_ulp": -1}, ValueError, "tolerance_ulp=-1"),

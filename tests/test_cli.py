@@ -221,9 +221,14 @@ def test_demo_via_main_trains_and_writes_npz(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name, lazy, detail", [
-    ("Adam", False, "an absent row keeps moving while its slots carry momentum"),
+    ("Adam", False, "a row absent from a batch keeps moving (slots that carry its earlier "
+                    "gradients); its slots change"),
     ("Adagrad", True, "the other rows and their slots stay as they are"),
-    ("SGD", False, "which leaves the absent rows unchanged"),  # momentum 0: nothing carries
+    ("SGD", False, "a row absent from a batch does not move"),  # momentum 0: nothing carries
+    # the accumulators decay, the step is a multiple of the zero gradient
+    ("Adadelta", False, "a row absent from a batch does not move; its slots change"),
+    # tf_keras' Ftrl densifies: a row never seen is recomputed from z = 0, i.e. set to 0
+    ("Ftrl", False, "a row no batch has touched yet moves on the first step only"),
 ])
 def test_demo_optimizer_trains_and_says_how_it_updates_rows(name, lazy, detail, capsys):
     assert main(["demo", *SMALL, "--optimizer", name, "--no-compare", "--words", "the"]) == 0

@@ -13,6 +13,7 @@ MODULES = [
     "refopt.schedules",
     "refopt.demo",
 ]
+MODULES += ["refopt.optimizers.lamb", "refopt.optimizers.adafactor"]
 
 
 @pytest.mark.parametrize("name", MODULES)

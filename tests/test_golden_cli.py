@@ -160,7 +160,7 @@ def test_read_golden_refuses_newer_versions_and_other_files(tmp_path):
     (["--set", "learning_rate"], "expected KEY=VALUE"),
     (["--shape", "3,x"], "comma-separated sizes"),
     (["--shape", "-1"], "sizes must be >= 0"),
-    (["--optimizer", "Adadelta"], "invalid choice"),
+    (["--optimizer", "Shampoo"], "invalid choice"),
     (["--set", "beta_1=2"], "beta_1=2"),
     (["--set", "lr=0.1"], "unexpected keyword argument 'lr'"),
     (["--convention", "jax"], "convention='jax'"),

@@ -813,6 +813,75 @@ def _reference_call(draw, name):
         return ref.adagrad_initial_state, (p,), {
             "initial_accumulator_value": draw(st.sampled_from([None, 0.0, 0.1, 1.0])),
             "convention": kw["convention"]}
+    if name in ("asgd_update", "rprop_update"):  # torch only, dense only
+        g = draw(hnp.arrays(dtype, shape, elements=wild))
+        if name == "asgd_update":
+            return ref.asgd_update, (p, g, draw(float_arrays(dtype, shape))), dict(
+                learning_rate=draw(learning_rates), lambd=draw(st.sampled_from([0.0, 1e-4])),
+                alpha=0.75, t0=draw(st.sampled_from([0.0, 1e6])), step=draw(st.integers(1, 9)))
+        prev = draw(hnp.arrays(dtype, shape, elements=wild))
+        return ref.rprop_update, (p, g, prev, draw(float_arrays(dtype, shape, nonneg=True))), {}
+    if name == "asgd_initial_state":
+        return ref.asgd_initial_state, (p,), {}
+    if name == "rprop_initial_state":
+        return ref.rprop_initial_state, (p,), {"learning_rate": draw(learning_rates)}
+    if name == "adamax_update":
+        conv = draw(st.sampled_from(["tf_keras", "keras3", "keras2", "torch", "optax"]))
+        if conv in ("torch", "optax") or not shape:  # no sparse gradients there
+            g = draw(hnp.arrays(dtype, shape, elements=wild))
+        m = draw(float_arrays(dtype, shape))
+        u = draw(float_arrays(dtype, shape, nonneg=True))
+        return ref.adamax_update, (p, g, m, u), dict(
+            draw(adam_hparams(dtype)), step=draw(st.integers(1, 100)), convention=conv)
+    if name == "adamax_initial_state":
+        return ref.adamax_initial_state, (p,), {}
+    if name == "ftrl_update":
+        conv = draw(st.sampled_from(["tf_keras", "keras3", "keras2", "tf1"]))
+        n = draw(float_arrays(dtype, shape, nonneg=True))
+        return ref.ftrl_update, (p, g, n, draw(float_arrays(dtype, shape))), dict(
+            learning_rate=draw(st.floats(1e-3, 1.0)), convention=conv,
+            learning_rate_power=draw(st.sampled_from([-0.5, -0.3])),
+            l2_shrinkage_regularization_strength=draw(st.sampled_from([0.0, 0.1])))
+    if name == "ftrl_initial_state":
+        return ref.ftrl_initial_state, (p,), {}
+    if name.endswith("_initial_state") and name[:-len("_initial_state")] in (
+            "adadelta", "lamb", "lion", "nadam", "radam", "adafactor"):
+        return getattr(ref, name), (p,), {}
+    dense = hnp.arrays(dtype, shape, elements=wild)
+    if name == "adadelta_update":
+        conv = draw(st.sampled_from(["tf_keras", "keras3", "keras2", "tf1", "torch", "optax"]))
+        if conv in ("torch", "optax") or not shape:  # no sparse gradients there
+            g = draw(dense)
+        acc_g, acc_d = (draw(float_arrays(dtype, shape, nonneg=True)) for _ in range(2))
+        return ref.adadelta_update, (p, g, acc_g, acc_d), dict(
+            learning_rate=draw(learning_rates), rho=draw(st.sampled_from([0.0, 0.9, 0.95])),
+            epsilon=draw(st.sampled_from([1e-7, 1e-3])), convention=conv)
+    if name in ("nadam_update", "lamb_update", "radam_update"):
+        conv = draw(st.sampled_from({"nadam_update": ["tf_keras", "keras3", "keras2", "torch",
+                                                      "optax"],
+                                     "lamb_update": ["keras3", "optax"],
+                                     "radam_update": ["torch", "optax"]}[name]))
+        if conv in ("torch", "optax") or name != "nadam_update" or not shape:
+            g = draw(dense)
+        m = draw(float_arrays(dtype, shape))
+        v = draw(float_arrays(dtype, shape, nonneg=True))
+        hp = draw(adam_hparams(dtype))
+        hp.pop("amsgrad", None)
+        return getattr(ref, name), (p, g, m, v), dict(hp, step=draw(st.integers(1, 100)),
+                                                      convention=conv)
+    if name == "lion_update":
+        conv = draw(st.sampled_from(["tf_keras", "keras3", "optax"]))
+        if conv == "optax" or not shape:
+            g = draw(dense)
+        return ref.lion_update, (p, g, draw(float_arrays(dtype, shape))), dict(
+            learning_rate=draw(learning_rates), convention=conv)
+    if name == "adafactor_update":
+        conv = draw(st.sampled_from(["tf_keras", "keras3", "optax"] + (
+            ["torch"] if p.size else [])))  # torch raises on a variable without elements
+        state = ref.adafactor_initial_state(p, convention=conv)
+        return ref.adafactor_update, (draw(float_arrays(dtype, shape)), draw(dense)) + tuple(
+            state), dict(learning_rate=draw(learning_rates), step=draw(st.integers(1, 9)),
+                         convention=conv)
     if name == "ema_update":
         return ref.ema_update, (p, draw(float_arrays(dtype, shape))), {
             "ema_momentum": draw(st.floats(0.0, 1.0))}
@@ -836,6 +905,13 @@ REFERENCE_FUNCTIONS = (
     "clip_by_value", "clip_by_norm", "clip_by_global_norm", "global_norm", "rmsprop_update",
     "rmsprop_initial_state", "adagrad_update", "adagrad_initial_state",
 )
+REFERENCE_FUNCTIONS += ("adamax_update", "adamax_initial_state")
+REFERENCE_FUNCTIONS += ("asgd_update", "asgd_initial_state", "rprop_update",
+                        "rprop_initial_state")
+REFERENCE_FUNCTIONS += ("ftrl_update", "ftrl_initial_state")
+REFERENCE_FUNCTIONS += tuple(f"{n}_{kind}" for n in ("adadelta", "lamb", "lion", "nadam",
+                                                      "radam", "adafactor")
+                             for kind in ("update", "initial_state"))
 
 
 @st.composite

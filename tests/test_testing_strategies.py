@@ -18,6 +18,7 @@ ADAM_KEYS = {"learning_rate", "beta_1", "beta_2", "epsilon", "amsgrad"}
 SGD_KEYS = {"learning_rate", "momentum", "nesterov"}
 RMSPROP_KEYS = {"learning_rate", "rho", "momentum", "epsilon", "centered"}
 ADAGRAD_KEYS = {"learning_rate", "initial_accumulator_value", "epsilon"}
+ADAMAX_KEYS = {"learning_rate", "beta_1", "beta_2", "epsilon"}
 OPTION_KEYS = {"weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_ema",
                "ema_momentum", "ema_overwrite_frequency"}
 
@@ -34,7 +35,20 @@ def test_docstring_examples_run(name):
 @given(data=st.data(), optimizer=st.sampled_from(OPTIMIZERS), dtype=st.sampled_from(DTYPES))
 def test_hyperparameters_construct_the_optimizer_without_warning(data, optimizer, dtype):
     hp = data.draw(rst.hyperparameters(optimizer=optimizer, dtype=dtype, schedules=True))
-    own = {"SGD": SGD_KEYS, "RMSprop": RMSPROP_KEYS, "Adagrad": ADAGRAD_KEYS}.get(optimizer,
+    own = {"SGD": SGD_KEYS, "RMSprop": RMSPROP_KEYS, "Adagrad": ADAGRAD_KEYS,
+           "Adamax": ADAMAX_KEYS,
+           "Nadam": {"learning_rate", "beta_1", "beta_2", "epsilon"},
+           "Adadelta": {"learning_rate", "rho", "epsilon"},
+           "Lion": {"learning_rate", "beta_1", "beta_2"},
+           "RAdam": {"learning_rate", "beta_1", "beta_2", "epsilon"},
+           "Lamb": {"learning_rate", "beta_1", "beta_2", "epsilon"},
+           "Adafactor": {"learning_rate", "beta_2_decay", "epsilon_1", "epsilon_2",
+                         "clip_threshold"},
+           "ASGD": {"learning_rate", "lambd", "alpha", "t0"},
+           "Rprop": {"learning_rate", "etas", "step_sizes"},
+           "Ftrl": {"learning_rate", "learning_rate_power", "initial_accumulator_value",
+                    "l1_regularization_strength", "l2_regularization_strength",
+                    "l2_shrinkage_regularization_strength", "beta"}}.get(optimizer,
                                                                            ADAM_KEYS)
     assert own <= set(hp) <= own | OPTION_KEYS
     assert sum(k in hp for k in ("clipnorm", "global_clipnorm", "clipvalue")) <= 1
@@ -175,7 +189,7 @@ def test_trajectory_rejects_mismatched_gradients():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: rst.hyperparameters(optimizer="Adadelta"), "optimizer='Adadelta'"),
+    (lambda: rst.hyperparameters(optimizer="Shampoo"), "optimizer='Shampoo'"),
     (lambda: rst.float_arrays(shape=(2,), dtype="int32"), "dtype='int32'"),
     (lambda: rst.trajectories(min_steps=3, max_steps=2), "min_steps=3"),
     (lambda: rst.indexed_slices(dense_shape=(3,), max_magnitude=-1), "max_magnitude=-1"),

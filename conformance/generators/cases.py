@@ -368,6 +368,538 @@ CASES += [
        api="tf_keras.optimizers.Adagrad(weight_decay=0.1)", **_ag_tol("tf_keras/adagrad_wd_f32")),
 ]
 
+# ---- Adamax: every convention that has it (TF1 has none) with the framework's own epsilon and
+# betas (lr 0.01), float32 and float64; non-default betas and a large epsilon at lr 0.1 (where
+# epsilon sits shows: inside the max for torch and optax, added to u for Keras); sparse
+# IndexedSlices where the framework takes them (tf_keras non-lazy, Keras 2 lazy rows, Keras 3
+# its dense step on the raw slices); the weight decay of each framework that has one.
+_AMX = dict(learning_rate=0.01)
+_AMX_OPTS = dict(learning_rate=0.1, beta_1=0.8, beta_2=0.99, epsilon=1e-3)
+_AMX_API = {
+    TF: "tf_keras.optimizers.Adamax",
+    K3: "keras.optimizers.Adamax",
+    K2: "tf.keras.optimizers.legacy.Adamax",
+    TORCH: "torch.optim.Adamax (for-loop)",
+    OPTAX: "optax.adamax (jit)",
+}
+# Tolerances (measured with refopt.reference.adamax_update, resync every step). Every other
+# case is bit-identical.
+_AMX_TOL = {
+    "optax/adamax_1leaf_f32": (
+        4, "4 ulp (measured 4): with a single leaf XLA compiles the bias correction as "
+           "(m * (1/bc1)) / u, with two or more as m / (bc1 * u); refopt reproduces the "
+           "second (a leaf count is not a property of one variable)"),
+}
+
+
+def _amx_tol(id):
+    tol, why = _AMX_TOL.get(id, (0, ""))
+    return dict(tol=tol, why=why)
+
+
+CASES += [
+    _c(f"{conv}/adamax_{dt[0]}{dt[-2:]}", conv, "Adamax", dict(_AMX), dtype=dt,
+       api=_AMX_API[conv], **_amx_tol(f"{conv}/adamax_{dt[0]}{dt[-2:]}"))
+    for conv in (TF, K3, K2, TORCH, OPTAX)
+    for dt in ("float32", "float64")
+] + [
+    _c(f"{conv}/adamax_opts_f32", conv, "Adamax", dict(_AMX_OPTS), api=_AMX_API[conv],
+       **_amx_tol(f"{conv}/adamax_opts_f32"))
+    for conv in (TF, K3, K2, TORCH, OPTAX)
+] + [
+    _c(f"{conv}/adamax_sparse_f32", conv, "Adamax", dict(_AMX), shapes=_TABLE, grads="sparse",
+       api=_AMX_API[conv] + " on IndexedSlices",
+       knobs=dict(keras3_sparse_square=True) if conv == K3 else None,
+       **_amx_tol(f"{conv}/adamax_sparse_f32"))
+    for conv in (TF, K3, K2)
+] + [
+    _c("keras2/adamax_eps0_f32", K2, "Adamax", dict(learning_rate=0.1, epsilon=0.0), steps=5,
+       api="tf.keras.optimizers.legacy.Adamax (epsilon=0 becomes 1e-7)",
+       **_amx_tol("keras2/adamax_eps0_f32")),
+    _c("tf_keras/adamax_wd_f32", TF, "Adamax", dict(_AMX, weight_decay=0.1),
+       api="tf_keras.optimizers.Adamax(weight_decay=0.1)", **_amx_tol("tf_keras/adamax_wd_f32")),
+    _c("keras3/adamax_wd_f64", K3, "Adamax", dict(_AMX, weight_decay=0.1), dtype="float64",
+       api="keras.optimizers.Adamax(weight_decay=0.1)", **_amx_tol("keras3/adamax_wd_f64")),
+    _c("torch/adamax_l2_f32", TORCH, "Adamax", dict(_AMX, weight_decay=0.1),
+       api="torch.optim.Adamax(weight_decay=0.1) (L2 coupling)",
+       **_amx_tol("torch/adamax_l2_f32")),
+    _c("torch/adamax_none_grads_f32", TORCH, "Adamax", dict(_AMX_OPTS), grads="dense_none",
+       api="torch.optim.Adamax (per-parameter steps)",
+       **_amx_tol("torch/adamax_none_grads_f32")),
+    _c("torch/adamax_wide_f32", TORCH, "Adamax", dict(_AMX_OPTS), shapes=[(8, 37), (100,)],
+       api="torch.optim.Adamax (for-loop), tensors wider than a vector register",
+       **_amx_tol("torch/adamax_wide_f32")),
+    _c("optax/adamax_1leaf_f32", OPTAX, "Adamax", dict(_AMX_OPTS), shapes=[(4, 3)],
+       api="optax.adamax (jit), a single leaf", **_amx_tol("optax/adamax_1leaf_f32")),
+] + [
+    # inf at step 2, NaN at step 4, -inf at step 5 (variable 0): what each maximum does with
+    # them (u = max(b2*u, |g|) keeps a NaN or an inf for good where the maximum propagates it)
+    _c(f"{conv}/adamax_nonfinite_f32", conv, "Adamax", dict(_AMX), grads="dense_nonfinite",
+       api=_AMX_API[conv] + ", inf and NaN gradients",
+       **_amx_tol(f"{conv}/adamax_nonfinite_f32"))
+    for conv in (TF, K3, K2, TORCH, OPTAX)
+]
+
+# ---- Lamb (Keras 3, optax) and Adafactor (tf_keras, Keras 3, torch, optax): the framework's
+# defaults (learning rate 0.01 for Lamb, nothing at all for Adafactor), float32 and float64,
+# and one case with every other option changed. Adafactor's factored moments are recorded as
+# velocity_row / velocity_col in the framework's own shapes (Keras: shape[:-1] and
+# shape[:-2] + shape[-1:]; torch: the reduced dimension kept as 1; optax: the shape without
+# its factored axis); the placeholders a framework keeps for the moments a variable does not
+# use (Keras' scalar 0, optax's zeros((1,))) are not recorded. Tolerances: see _LAF_TOL.
+_LAMB_API = {K3: "keras.optimizers.Lamb", OPTAX: "optax.lamb (jit)"}
+_LAMB_OPTS = {K3: dict(learning_rate=0.01, beta_1=0.8, beta_2=0.99, epsilon=1e-5,
+                       weight_decay=0.1),
+              OPTAX: dict(learning_rate=0.01, beta_1=0.8, beta_2=0.99, epsilon=1e-5,
+                          eps_root=1e-8, weight_decay=0.1)}
+_AF_API = {TF: "tf_keras.optimizers.Adafactor", K3: "keras.optimizers.Adafactor",
+           TORCH: "torch.optim.Adafactor (for-loop)", OPTAX: "optax.adafactor (jit)"}
+_AF_OPTS = {
+    TF: dict(learning_rate=0.05, beta_2_decay=-0.5, epsilon_1=1e-20, epsilon_2=1e-2,
+             clip_threshold=0.5, relative_step=False, weight_decay=0.1),
+    K3: dict(learning_rate=0.05, beta_2_decay=-0.5, epsilon_1=1e-20, epsilon_2=1e-2,
+             clip_threshold=0.5, relative_step=False, weight_decay=0.1),
+    TORCH: dict(learning_rate=0.05, beta_2_decay=-0.5, epsilon_1=1e-10, epsilon_2=1e-2,
+                clip_threshold=2.0, weight_decay=0.1),
+    # factored from 2 elements on, so the small shapes factor along their two largest axes;
+    # the decay counts from step - offset (an offset > 0 gives NaN before that step)
+    OPTAX: dict(learning_rate=0.05, beta_2_decay=-0.7, epsilon_1=1e-20, clip_threshold=0.5,
+                min_dim_size_to_factor=2, decay_offset=-3, weight_decay=0.01),
+}
+_AF_SHAPES = [(5,), (4, 3), (2, 3, 2), (3, 2, 4)]
+# Tolerances, measured with the optimizers' reference backend, resync every step (bound =
+# the measured maximum): Keras 3 squares for Lamb's norms with Eigen's vectorised pow(x, 2),
+# which is not always x*x; XLA's order of the whole-tensor sums of squares under jit was
+# not reproduced for every shape (refopt adds them in order, each square an FMA, which
+# matches most small tensors); TF's rsqrt on tensors is Eigen's estimate and a Newton step.
+# A norm or mean an ulp off moves every element of the step by an ulp; where the step
+# cancels the weight that ulp is a large relative (ulp) difference of the result.
+_POW2 = ("Keras 3 squares with Eigen's vectorised pow(x, 2), an ulp off x*x on some "
+         "elements, so the trust ratio's norms move by an ulp")
+_XLA_SUM = ("XLA's order of addition for whole-tensor sums of squares under jit is not "
+            "reproduced for every shape (refopt: in order, each square an FMA), so a norm or "
+            "mean moves by an ulp")
+_TF_RSQRT = "TF's rsqrt on a tensor is Eigen's estimate with a Newton step, not correctly rounded"
+_LAF_TOL = {
+    "keras3/lamb_f32": (1, f"1 ulp (measured 1): {_POW2}"),
+    "keras3/lamb_f64": (2, f"2 ulp (measured 2): {_POW2}{_CANCEL}"),
+    "optax/lamb_f32": (8, f"8 ulp (measured 8): {_XLA_SUM}{_CANCEL}"),
+    "optax/lamb_f64": (16, f"16 ulp (measured 16): {_XLA_SUM}{_CANCEL}"),
+    "optax/lamb_opts_f32": (2, f"2 ulp (measured 2): {_XLA_SUM}{_CANCEL}"),
+    "optax/adafactor_f32": (65536, f"65536 ulp (measured 65536, at one element where the step "
+                                   f"cancels all but 4e-5 of the weight; 1 ulp of the "
+                                   f"operands): {_XLA_SUM}"),
+    "optax/adafactor_f64": (32, f"32 ulp (measured 32): {_XLA_SUM}{_CANCEL}"),
+    "optax/adafactor_opts_f32": (2, f"2 ulp (measured 2): {_XLA_SUM} (and of the row and "
+                                    "column means)"),
+    "tf_keras/adafactor_f64": (1, f"1 ulp (measured 1): {_TF_RSQRT}"),
+    "tf_keras/adafactor_opts_f32": (1, f"1 ulp (measured 1): {_TF_RSQRT}"),
+}
+
+
+def _laf_tol(id):
+    tol, why = _LAF_TOL.get(id, (0, ""))
+    return dict(tol=tol, why=why)
+
+
+CASES += [
+    _c(f"{conv}/lamb_{dt[0]}{dt[-2:]}", conv, "Lamb", dict(learning_rate=0.01), dtype=dt,
+       api=_LAMB_API[conv], **_laf_tol(f"{conv}/lamb_{dt[0]}{dt[-2:]}"))
+    for conv in (K3, OPTAX) for dt in ("float32", "float64")
+] + [
+    _c(f"{conv}/lamb_opts_f32", conv, "Lamb", dict(_LAMB_OPTS[conv]), api=_LAMB_API[conv],
+       **_laf_tol(f"{conv}/lamb_opts_f32"))
+    for conv in (K3, OPTAX)
+] + [
+    _c(f"{conv}/adafactor_{dt[0]}{dt[-2:]}", conv, "Adafactor", {}, dtype=dt,
+       shapes=_AF_SHAPES, api=_AF_API[conv], **_laf_tol(f"{conv}/adafactor_{dt[0]}{dt[-2:]}"))
+    for conv in (TF, K3, TORCH, OPTAX) for dt in ("float32", "float64")
+] + [
+    _c(f"{conv}/adafactor_opts_f32", conv, "Adafactor", dict(_AF_OPTS[conv]),
+       shapes=_AF_SHAPES, api=_AF_API[conv], **_laf_tol(f"{conv}/adafactor_opts_f32"))
+    for conv in (TF, K3, TORCH, OPTAX)
+]
+
+# ---- Adadelta: every convention at learning rate 1 (the paper's form; optax's default None
+# would be gradient ascent, torch's default is 1) with the framework's own rho and epsilon,
+# float32 and float64; rho 0.8, epsilon 1e-4, lr 0.5 (the epsilon shows); sparse
+# IndexedSlices where the framework takes them (tf_keras: its dense-formula sparse branch;
+# Keras 2 / TF1: the SparseApplyAdadelta kernel on the present rows); weight decay.
+_AD = dict(learning_rate=1.0)
+_AD_OPTS = dict(learning_rate=0.5, rho=0.8, epsilon=1e-4)
+_AD_API = {
+    TF: "tf_keras.optimizers.Adadelta",
+    K3: "keras.optimizers.Adadelta",
+    K2: "tf.keras.optimizers.legacy.Adadelta",
+    TF1: "tf.compat.v1.train.AdadeltaOptimizer",
+    TORCH: "torch.optim.Adadelta (for-loop)",
+    OPTAX: "optax.adadelta (jit)",
+}
+# Tolerances (measured with the refopt optimizer, resync every step; every differing element
+# of accumulated_delta is reproduced exactly with one root moved by 1 ulp: the step u is off
+# by an ulp, its square by two, and E_x, where the new u**2 dominates, by up to 5; the
+# variable by at most 1). The bound is the measured maximum rounded up to a power of two.
+_AD_RSQRT_TF = ("TF's CPU rsqrt in the ApplyAdadelta/SparseApplyAdadelta kernels is not "
+                "correctly rounded (Eigen's estimate and Newton step); 1 ulp in the step u is up "
+                "to 5 ulp in accumulated_delta")
+_AD_RSQRT_XLA = ("XLA:CPU turns sqrt(E_x + eps) / sqrt(E_g + eps) into sqrt * rsqrt, and its "
+                 "rsqrt under jit is not correctly rounded; 1 ulp in u is up to 4 ulp in "
+                 "accumulated_delta")
+_AD_SQRT_MKL = ("torch's for-loop takes MKL's sqrt (sqrt_), not correctly rounded; 1 ulp in "
+                "the step is up to 4 ulp in accumulated_delta")
+_AD_TOL = {
+    "keras2/adadelta_f32": (2, f"2 ulp (measured 2): {_AD_RSQRT_TF}"),
+    "keras2/adadelta_f64": (8, f"8 ulp (measured 5): {_AD_RSQRT_TF}"),
+    "keras2/adadelta_opts_f32": (8, f"8 ulp (measured 5): {_AD_RSQRT_TF}"),
+    "keras2/adadelta_sparse_f32": (8, f"8 ulp (measured 5): {_AD_RSQRT_TF}"),
+    "tf1/adadelta_f32": (8, f"8 ulp (measured 5): {_AD_RSQRT_TF}"),
+    "tf1/adadelta_f64": (4, f"4 ulp (measured 4): {_AD_RSQRT_TF}"),
+    "tf1/adadelta_opts_f32": (8, f"8 ulp (measured 5): {_AD_RSQRT_TF}"),
+    "tf1/adadelta_sparse_f32": (4, f"4 ulp (measured 4): {_AD_RSQRT_TF}"),
+    "torch/adadelta_f32": (4, f"4 ulp (measured 4): {_AD_SQRT_MKL}"),
+    "torch/adadelta_f64": (4, f"4 ulp (measured 4): {_AD_SQRT_MKL}"),
+    "torch/adadelta_opts_f32": (4, f"4 ulp (measured 4): {_AD_SQRT_MKL}"),
+    "torch/adadelta_l2_f32": (4, f"4 ulp (measured 3): {_AD_SQRT_MKL}"),
+    "optax/adadelta_f32": (4, f"4 ulp (measured 4): {_AD_RSQRT_XLA}"),
+    "optax/adadelta_f64": (4, f"4 ulp (measured 4): {_AD_RSQRT_XLA}"),
+    "optax/adadelta_opts_f32": (4, f"4 ulp (measured 4): {_AD_RSQRT_XLA}"),
+    "optax/adadelta_wd_f32": (4, f"4 ulp (measured 4): {_AD_RSQRT_XLA}"),
+}
+
+
+def _ad_tol(id):
+    tol, why = _AD_TOL.get(id, (0, ""))
+    return dict(tol=tol, why=why)
+
+
+CASES += [
+    _c(f"{conv}/adadelta_{dt[0]}{dt[-2:]}", conv, "Adadelta", dict(_AD), dtype=dt,
+       api=_AD_API[conv], **_ad_tol(f"{conv}/adadelta_{dt[0]}{dt[-2:]}"))
+    for conv in (TF, K3, K2, TF1, TORCH, OPTAX)
+    for dt in ("float32", "float64")
+] + [
+    _c(f"{conv}/adadelta_opts_f32", conv, "Adadelta", dict(_AD_OPTS), api=_AD_API[conv],
+       **_ad_tol(f"{conv}/adadelta_opts_f32"))
+    for conv in (TF, K3, K2, TF1, TORCH, OPTAX)
+] + [
+    _c(f"{conv}/adadelta_sparse_f32", conv, "Adadelta", dict(_AD), shapes=_TABLE,
+       grads="sparse", api=_AD_API[conv] + " on IndexedSlices",
+       **_ad_tol(f"{conv}/adadelta_sparse_f32"))
+    for conv in (TF, K2, TF1)
+] + [
+    # Keras 3 applies the raw slices per occurrence (the `sparse` inputs repeat an index)
+    _c("keras3/adadelta_sparse_f32", K3, "Adadelta", dict(_AD), shapes=_TABLE, grads="sparse",
+       api="keras.optimizers.Adadelta on IndexedSlices", knobs=dict(keras3_sparse_square=True),
+       **_ad_tol("keras3/adadelta_sparse_f32")),
+    _c("tf_keras/adadelta_default_f32", TF, "Adadelta", {},
+       api="tf_keras.optimizers.Adadelta() (every default: lr 0.001)",
+       **_ad_tol("tf_keras/adadelta_default_f32")),
+    _c("tf_keras/adadelta_wd_f32", TF, "Adadelta", dict(_AD, weight_decay=0.1),
+       api="tf_keras.optimizers.Adadelta(weight_decay=0.1)",
+       **_ad_tol("tf_keras/adadelta_wd_f32")),
+    _c("torch/adadelta_l2_f32", TORCH, "Adadelta", dict(_AD, weight_decay=0.1),
+       api="torch.optim.Adadelta(weight_decay=0.1) (L2 coupling)",
+       **_ad_tol("torch/adadelta_l2_f32")),
+    _c("optax/adadelta_wd_f32", OPTAX, "Adadelta", dict(_AD, weight_decay=0.1),
+       api="optax.adadelta(weight_decay=0.1) (add_decayed_weights first: L2 coupling) (jit)",
+       **_ad_tol("optax/adadelta_wd_f32")),
+]
+
+# ---- Ftrl: tf_keras, Keras 3, Keras 2 (ApplyFtrl/ApplyFtrlV2 kernels) and TF1; torch and optax
+# have none. "Defaults": every hyperparameter the framework's but the learning rate (TF1 requires
+# one); "reg": l1, l2, shrinkage (the V2 kernels), learning_rate_power -0.3 (pow, not sqrt) and
+# beta. Variables of at most 7 float32 (3 float64) elements: TF's Eigen computes pow on packets
+# of 8 float32 (4 float64) with its own approximation and on the scalar tail with the C
+# library's pow (refopt's); the "wide" cases (and the sparse tables of 40 elements under
+# tf_keras and Keras 3, which densify them) measure the packet path.
+_FT = dict(learning_rate=0.05)
+_FT_REG = dict(learning_rate=0.05, learning_rate_power=-0.3, l1_regularization_strength=0.01,
+               l2_regularization_strength=0.02, l2_shrinkage_regularization_strength=0.1,
+               beta=0.1)
+_FT_SHAPES = {"float32": [(7,), (2, 3), (3,)], "float64": [(3,), (1, 3), (2,)]}
+_FT_API = {
+    TF: "tf_keras.optimizers.Ftrl",
+    K3: "keras.optimizers.Ftrl",
+    K2: "tf.keras.optimizers.legacy.Ftrl",
+    TF1: "tf.compat.v1.train.FtrlOptimizer",
+}
+# Tolerances (measured with refopt.reference.ftrl_update, resync every step, rounded up to a
+# power of two). Every differing element is Eigen's vectorised pow: with TF's own tf.pow of the
+# same tensors plugged into the formula, every recorded step of these 16 cases is reproduced byte
+# for byte (checked with TF 2.21 and 2.15, resync per step). The
+# cancellation in pow(n + g*g) - pow(n) turns 1 ulp of a root into many of z and w.
+_EIGEN_POW = ("TF's Eigen evaluates pow on whole packets (8 float32, 4 float64) with its own "
+              "approximation, 1 ulp off the correctly rounded pow on ~27% of inputs; refopt takes "
+              "the C library's (the scalar tail's) everywhere")
+_FT_TOL = {
+    **{f"{conv}/ftrl_wide_f32": (65536, f"65536 ulp (measured 40035): {_EIGEN_POW} (Keras: "
+                                        f"pow even at power -0.5){_CANCEL}")
+       for conv in (TF, K3)},
+    **{f"{conv}/ftrl_wide_f64": (65536, f"65536 ulp (measured 44244): {_EIGEN_POW} (Keras: "
+                                        f"pow even at power -0.5){_CANCEL}")
+       for conv in (TF, K3)},
+    **{f"{conv}/ftrl_reg_wide_f32": (8192, f"8192 ulp (measured 7456): {_EIGEN_POW}{_CANCEL}")
+       for conv in (TF, K3)},
+    **{f"{conv}/ftrl_reg_wide_f64": (256, f"256 ulp (measured 200): {_EIGEN_POW}{_CANCEL}")
+       for conv in (TF, K3)},
+    **{f"{conv}/ftrl_reg_wide_f32": (256, f"256 ulp (measured 256): {_EIGEN_POW} (the "
+                                          f"kernel's pow at power -0.3){_CANCEL}")
+       for conv in (K2, TF1)},
+    **{f"{conv}/ftrl_reg_wide_f64": (512, f"512 ulp (measured 299): {_EIGEN_POW} (the "
+                                          f"kernel's pow at power -0.3){_CANCEL}")
+       for conv in (K2, TF1)},
+    "tf_keras/ftrl_sparse_f32": (32, f"32 ulp (measured 31): the densified 10x4 table: "
+                                     f"{_EIGEN_POW}{_CANCEL}"),
+    "keras3/ftrl_sparse_f32": (8, f"8 ulp (measured 8): the densified 10x4 table: "
+                                  f"{_EIGEN_POW}{_CANCEL}"),
+    "tf_keras/ftrl_reg_sparse_f32": (128, f"128 ulp (measured 76): the densified 10x4 table: "
+                                          f"{_EIGEN_POW}{_CANCEL}"),
+    "keras3/ftrl_reg_sparse_f32": (64, f"64 ulp (measured 58): the densified 10x4 table: "
+                                       f"{_EIGEN_POW}{_CANCEL}"),
+}
+
+
+def _ft_tol(id):
+    tol, why = _FT_TOL.get(id, (0, ""))
+    return dict(tol=tol, why=why)
+
+
+def _ft_knobs(conv, sparse):
+    # Keras 3 squares each occurrence of a repeated index (its accumulator adds sum(g_i**2))
+    return dict(keras3_sparse_square=True) if conv == K3 and sparse else None
+
+
+CASES += [
+    _c(f"{conv}/ftrl{name}_{dt[0]}{dt[-2:]}", conv, "Ftrl", dict(hyper), dtype=dt,
+       shapes=_FT_SHAPES[dt], api=_FT_API[conv], **_ft_tol(f"{conv}/ftrl{name}_{dt[0]}{dt[-2:]}"))
+    for conv in (TF, K3, K2, TF1)
+    for name, hyper in (("", _FT), ("_reg", _FT_REG))
+    for dt in ("float32", "float64")
+] + [
+    _c(f"{conv}/ftrl{name}_sparse_f32", conv, "Ftrl", dict(hyper), shapes=_TABLE,
+       grads="sparse", api=_FT_API[conv] + " on IndexedSlices",
+       knobs=_ft_knobs(conv, True), **_ft_tol(f"{conv}/ftrl{name}_sparse_f32"))
+    for conv in (TF, K3, K2, TF1)
+    for name, hyper in (("", _FT), ("_reg", _FT_REG))
+] + [
+    # a table of 7 one-element rows: no packet in tf_keras' and Keras 3's densified step
+    _c(f"{conv}/ftrl{name}_sparse_small_f32", conv, "Ftrl", dict(hyper), shapes=[(7, 1), (3,)],
+       grads="sparse", api=_FT_API[conv] + " on IndexedSlices",
+       knobs=_ft_knobs(conv, True), **_ft_tol(f"{conv}/ftrl{name}_sparse_small_f32"))
+    for conv in (TF, K3)
+    for name, hyper in (("", _FT), ("_reg", _FT_REG))
+] + [
+    # a 1-D variable: TF's sparse kernel takes its scalar path (FtrlCompute: pow, not sqrt)
+    _c(f"{conv}/ftrl{name}_sparse_1d_f32", conv, "Ftrl", dict(hyper), shapes=[(12,)],
+       grads="sparse", api=_FT_API[conv] + " on IndexedSlices of a 1-D variable",
+       knobs=_ft_knobs(conv, True), **_ft_tol(f"{conv}/ftrl{name}_sparse_1d_f32"))
+    for conv in (K2, TF1)
+    for name, hyper in (("", _FT), ("_reg", _FT_REG))
+] + [
+    _c(f"{conv}/ftrl{name}_wide_{dt[0]}{dt[-2:]}", conv, "Ftrl", dict(hyper), dtype=dt,
+       shapes=[(8, 37), (100,)],
+       api=_FT_API[conv] + ", variables wider than a vector register",
+       **_ft_tol(f"{conv}/ftrl{name}_wide_{dt[0]}{dt[-2:]}"))
+    for conv in (TF, K3, K2, TF1)
+    for name, hyper in (("", _FT), ("_reg", _FT_REG))
+    for dt in ("float32", "float64")
+]
+
+# ---- Nadam: every convention that has it (TF1 has none) with the framework's own betas and
+# epsilon (lr 0.01), float32 and float64; non-default betas and a large epsilon at lr 0.1;
+# torch's momentum_decay, its two weight decays and its per-parameter steps (the momentum
+# product mu_product is per parameter); sparse IndexedSlices where the framework takes them
+# (tf_keras: dense math on the densified gradient, Keras 2: moments decay everywhere, rows
+# move; Keras 3: its dense step on the raw slices). The momentum products (Keras' shared
+# u_product / momentum_cache, torch's per-parameter mu_product) are recorded as ``state/``.
+_NAD = dict(learning_rate=0.01)
+_NAD_OPTS = dict(learning_rate=0.1, beta_1=0.8, beta_2=0.99, epsilon=1e-3)
+_NAD_API = {
+    TF: "tf_keras.optimizers.Nadam",
+    K3: "keras.optimizers.Nadam",
+    K2: "tf.keras.optimizers.legacy.Nadam",
+    TORCH: "torch.optim.NAdam (for-loop)",
+    OPTAX: "optax.nadam (jit)",
+}
+# Tolerances (measured with refopt.reference.nadam_update, resync every step; torch's
+# differences all vanish when its own sqrt is substituted, see conformance/README.md)
+_NAD_SQRT = ("the for-loop path takes MKL's sqrt, not correctly rounded (1 ulp off on some "
+             "elements)")
+_NAD_TOL = {
+    "torch/nadam_decoupled_f32": (1, f"1 ulp (measured 1): {_NAD_SQRT}"),
+    "torch/nadam_l2_f32": (1, f"1 ulp (measured 1): {_NAD_SQRT}"),
+    "torch/nadam_none_grads_f32": (1, f"1 ulp (measured 1): {_NAD_SQRT}"),
+    "torch/nadam_opts_f32": (2, f"2 ulp (measured 2): {_NAD_SQRT}"),
+    "torch/nadam_wide_f32": (128, f"128 ulp (measured 68): {_NAD_SQRT}, amplified where the "
+                                  "update cancels"),
+    "optax/nadam_1leaf_f32": (2, "2 ulp (measured 2): with a single leaf XLA multiplies by the "
+                                 "reciprocals of the bias corrections instead of dividing (not "
+                                 "reproduced; refopt follows the several-leaf program)"),
+}
+
+
+def _nad_tol(id):
+    tol, why = _NAD_TOL.get(id, (0, ""))
+    return dict(tol=tol, why=why)
+
+
+CASES += [
+    _c(f"{conv}/nadam_{dt[0]}{dt[-2:]}", conv, "Nadam", dict(_NAD), dtype=dt,
+       api=_NAD_API[conv], **_nad_tol(f"{conv}/nadam_{dt[0]}{dt[-2:]}"))
+    for conv in (TF, K3, K2, TORCH, OPTAX)
+    for dt in ("float32", "float64")
+] + [
+    _c(f"{conv}/nadam_opts_f32", conv, "Nadam", dict(_NAD_OPTS), api=_NAD_API[conv],
+       **_nad_tol(f"{conv}/nadam_opts_f32"))
+    for conv in (TF, K3, K2, TORCH, OPTAX)
+] + [
+    _c(f"{conv}/nadam_sparse_f32", conv, "Nadam", dict(_NAD), shapes=_TABLE, grads="sparse",
+       api=_NAD_API[conv] + " on IndexedSlices",
+       knobs=dict(keras3_sparse_square=True) if conv == K3 else None,
+       **_nad_tol(f"{conv}/nadam_sparse_f32"))
+    for conv in (TF, K3, K2)
+] + [
+    _c(f"{conv}/nadam_none_grads_f32", conv, "Nadam", dict(_NAD), grads="dense_none",
+       api=_NAD_API[conv] + " (None gradients)", **_nad_tol(f"{conv}/nadam_none_grads_f32"))
+    for conv in (TF, K3, TORCH)
+] + [
+    _c("torch/nadam_momentum_decay_f64", TORCH, "Nadam", dict(_NAD, momentum_decay=0.05),
+       dtype="float64", steps=30, api="torch.optim.NAdam(momentum_decay=0.05)",
+       **_nad_tol("torch/nadam_momentum_decay_f64")),
+    _c("torch/nadam_l2_f32", TORCH, "Nadam", dict(_NAD, weight_decay=0.1),
+       api="torch.optim.NAdam(weight_decay=0.1) (L2 coupling)", **_nad_tol("torch/nadam_l2_f32")),
+    _c("torch/nadam_decoupled_f32", TORCH, "Nadam",
+       dict(_NAD, weight_decay=0.1, decoupled_weight_decay=True),
+       api="torch.optim.NAdam(weight_decay=0.1, decoupled_weight_decay=True)",
+       **_nad_tol("torch/nadam_decoupled_f32")),
+    _c("torch/nadam_wide_f32", TORCH, "Nadam", dict(_NAD_OPTS), shapes=[(8, 37), (100,)],
+       api="torch.optim.NAdam (for-loop), tensors wider than a vector register",
+       **_nad_tol("torch/nadam_wide_f32")),
+    _c("tf_keras/nadam_wd_f32", TF, "Nadam", dict(_NAD, weight_decay=0.1),
+       api="tf_keras.optimizers.Nadam(weight_decay=0.1)", **_nad_tol("tf_keras/nadam_wd_f32")),
+    _c("keras3/nadam_wd_f64", K3, "Nadam", dict(_NAD, weight_decay=0.1), dtype="float64",
+       api="keras.optimizers.Nadam(weight_decay=0.1)", **_nad_tol("keras3/nadam_wd_f64")),
+    _c("keras2/nadam_eps0_f32", K2, "Nadam", dict(learning_rate=0.1, epsilon=0.0), steps=5,
+       api="tf.keras.optimizers.legacy.Nadam (epsilon=0 becomes 1e-7)",
+       **_nad_tol("keras2/nadam_eps0_f32")),
+    _c("optax/nadam_1leaf_f32", OPTAX, "Nadam", dict(_NAD_OPTS), shapes=[(4, 3)],
+       api="optax.nadam (jit), a single leaf", **_nad_tol("optax/nadam_1leaf_f32")),
+]
+
+# ---- ASGD and Rprop (PyTorch only): torch's defaults, float32 and float64; ASGD with a small
+# t0 so that the averaging (mu != 1) starts within the 20 steps, with PyTorch's L2 weight
+# decay, with per-parameter steps (None gradients), and on tensors wider than a vector
+# register (the FMA of add(alpha=) in the vector loop and in its scalar tail); Rprop with
+# custom etas / step_sizes, wide tensors and non-finite gradients (torch.sign(NaN) = 0).
+# torch's scalar ASGD state (eta, mu: float32 0-d tensors) is recorded as state/eta, state/mu.
+_ASGD_OPTS = dict(learning_rate=0.05, lambd=0.01, alpha=0.6, t0=5.0)
+_RPROP_OPTS = dict(learning_rate=0.02, etas=(0.3, 1.5), step_sizes=(1e-3, 0.05))
+_AR_WIDE = [(8, 37), (100,)]
+CASES += [
+    _c(f"torch/asgd_{dt[0]}{dt[-2:]}", TORCH, "ASGD", {}, dtype=dt,
+       api="torch.optim.ASGD (for-loop), defaults")
+    for dt in ("float32", "float64")
+] + [
+    _c(f"torch/asgd_t0_{dt[0]}{dt[-2:]}", TORCH, "ASGD", dict(_ASGD_OPTS), dtype=dt,
+       api="torch.optim.ASGD(lr=0.05, lambd=0.01, alpha=0.6, t0=5) (for-loop)")
+    for dt in ("float32", "float64")
+] + [
+    _c("torch/asgd_wide_l2_f32", TORCH, "ASGD", dict(_ASGD_OPTS, t0=2.0, weight_decay=0.1),
+       shapes=_AR_WIDE,
+       api="torch.optim.ASGD(weight_decay=0.1) (for-loop), tensors wider than a vector register"),
+    _c("torch/asgd_none_grads_f32", TORCH, "ASGD", dict(_ASGD_OPTS, t0=2.0),
+       grads="dense_none", api="torch.optim.ASGD (per-parameter steps)"),
+] + [
+    _c(f"torch/rprop_{dt[0]}{dt[-2:]}", TORCH, "Rprop", {}, dtype=dt,
+       api="torch.optim.Rprop (for-loop), defaults")
+    for dt in ("float32", "float64")
+] + [
+    _c(f"torch/rprop_opts_{dt[0]}{dt[-2:]}", TORCH, "Rprop", dict(_RPROP_OPTS), dtype=dt,
+       api="torch.optim.Rprop(lr=0.02, etas=(0.3, 1.5), step_sizes=(1e-3, 0.05)) (for-loop)")
+    for dt in ("float32", "float64")
+] + [
+    _c("torch/rprop_wide_f32", TORCH, "Rprop", dict(_RPROP_OPTS), shapes=_AR_WIDE,
+       api="torch.optim.Rprop (for-loop), tensors wider than a vector register"),
+    _c("torch/rprop_nonfinite_f32", TORCH, "Rprop", {}, grads="dense_nonfinite",
+       api="torch.optim.Rprop (for-loop), inf and NaN gradients"),
+    _c("torch/rprop_none_grads_f32", TORCH, "Rprop", dict(_RPROP_OPTS), grads="dense_none",
+       api="torch.optim.Rprop (per-parameter state)"),
+]
+
+# ---- Lion (tf_keras, Keras 3, optax; torch has none): lr 0.01 and the framework's own betas
+# (0.9, 0.99) and weight decay (Keras none, optax 1e-3), float32 and float64; non-default
+# betas with a weight decay (Keras' decoupled step, optax's inside the update); optax's
+# weight_decay=0 (skipped, not added as 0*w); sparse IndexedSlices where Keras takes them
+# (tf_keras' own sparse branch: every row moves, m rescaled by beta_2/beta_1).
+_LION = dict(learning_rate=0.01)
+_LION_OPTS = dict(learning_rate=0.01, beta_1=0.5, beta_2=0.9, weight_decay=0.1)
+_LION_API = {TF: "tf_keras.optimizers.Lion", K3: "keras.optimizers.Lion",
+             OPTAX: "optax.lion (jit)"}
+CASES += [
+    _c(f"{conv}/lion_{dt[0]}{dt[-2:]}", conv, "Lion", dict(_LION), dtype=dt,
+       api=_LION_API[conv])
+    for conv in (TF, K3, OPTAX)
+    for dt in ("float32", "float64")
+] + [
+    _c(f"{conv}/lion_opts_f32", conv, "Lion", dict(_LION_OPTS), api=_LION_API[conv])
+    for conv in (TF, K3, OPTAX)
+] + [
+    _c("optax/lion_wd0_f32", OPTAX, "Lion", dict(_LION, weight_decay=0.0),
+       api="optax.lion(weight_decay=0.0) (jit)"),
+    _c("tf_keras/lion_sparse_f32", TF, "Lion", dict(_LION), shapes=_TABLE, grads="sparse",
+       api="tf_keras.optimizers.Lion on IndexedSlices"),
+    _c("keras3/lion_sparse_f32", K3, "Lion", dict(_LION), shapes=_TABLE, grads="sparse",
+       api="keras.optimizers.Lion on tf.IndexedSlices", knobs=dict(keras3_sparse_square=True)),
+]
+
+# ---- RAdam (torch, optax; Keras has none): lr 0.01 and the framework's defaults (betas 0.9,
+# 0.999, eps 1e-8: rectified from step 6 on), float32 and float64; non-default options
+# (beta_1 0.4: torch's lerp takes its other branch; beta_2 0.99: rectified from step 3;
+# optax's eps_root and threshold); torch's L2 and decoupled weight decay, per-parameter steps
+# and tensors wider than a vector register.
+_RADAM = dict(learning_rate=0.01)
+_RADAM_OPTS = dict(learning_rate=0.01, beta_1=0.4, beta_2=0.99, epsilon=1e-6)
+_RADAM_API = {TORCH: "torch.optim.RAdam (for-loop)", OPTAX: "optax.radam (jit)"}
+# Tolerances (measured with refopt.reference.radam_update, resync every step; every
+# differing element is reproduced exactly with torch's own sqrt in place of the correctly
+# rounded one; only the rectified steps take a root). The other torch cases happened to be
+# bit-identical.
+_RADAM_TOL = {
+    "torch/radam_f32": (2, f"2 ulp (measured 2): {_SQRT_MKL}"),
+    "torch/radam_opts_f32": (1, f"1 ulp (measured 1): {_SQRT_MKL}"),
+}
+
+
+def _radam_tol(id):
+    tol, why = _RADAM_TOL.get(id, (0, ""))
+    return dict(tol=tol, why=why)
+
+
+CASES += [
+    _c(f"{conv}/radam_{dt[0]}{dt[-2:]}", conv, "RAdam", dict(_RADAM), dtype=dt,
+       api=_RADAM_API[conv], **_radam_tol(f"{conv}/radam_{dt[0]}{dt[-2:]}"))
+    for conv in (TORCH, OPTAX)
+    for dt in ("float32", "float64")
+] + [
+    _c("torch/radam_opts_f32", TORCH, "RAdam", dict(_RADAM_OPTS), api=_RADAM_API[TORCH],
+       **_radam_tol("torch/radam_opts_f32")),
+    _c("optax/radam_opts_f32", OPTAX, "RAdam",
+       dict(_RADAM_OPTS, epsilon_root=1e-8, threshold=4.0),
+       api="optax.radam(eps_root=1e-8, threshold=4.0) (jit)"),
+    _c("torch/radam_l2_f32", TORCH, "RAdam", dict(_RADAM, weight_decay=0.1),
+       api="torch.optim.RAdam(weight_decay=0.1) (L2 coupling)",
+       **_radam_tol("torch/radam_l2_f32")),
+    _c("torch/radam_decoupled_f32", TORCH, "RAdam",
+       dict(_RADAM, weight_decay=0.1, decoupled_weight_decay=True),
+       api="torch.optim.RAdam(weight_decay=0.1, decoupled_weight_decay=True)",
+       **_radam_tol("torch/radam_decoupled_f32")),
+    _c("torch/radam_none_grads_f32", TORCH, "RAdam", dict(_RADAM), grads="dense_none",
+       api="torch.optim.RAdam (per-parameter steps)", **_radam_tol("torch/radam_none_grads_f32")),
+    _c("torch/radam_wide_f32", TORCH, "RAdam", dict(_RADAM), shapes=[(8, 37), (100,)],
+       api="torch.optim.RAdam (for-loop), tensors wider than a vector register",
+       **_radam_tol("torch/radam_wide_f32")),
+]
+
 _BY_ID = {c["id"]: c for c in CASES}
 assert len(_BY_ID) == len(CASES), "duplicate case ids"
 
@@ -436,4 +968,7 @@ def _sparse_grad(rng, shape, k, dtype):
 #: ``m`` (SGD momentum buffer), ``average`` (EMA); RMSprop: ``velocity`` (the mean square),
 #: ``momentum``, ``average_gradient`` (centered); Adagrad: ``accumulator`` (the sum of squares).
 SLOT_NAMES = ("m", "v", "vhat", "average", "velocity", "momentum", "average_gradient",
+              "accumulated_grad", "accumulated_delta",
               "accumulator")
+SLOT_NAMES += ("velocity_row", "velocity_col")  # Adafactor's factored moments (own shapes)
+SLOT_NAMES += ("u",)  # Adamax's infinity norm (its first moment is "m")

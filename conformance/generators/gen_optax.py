@@ -17,6 +17,8 @@ the transformation's ``update`` under ``jax.jit`` (updates and state) and then
                               ``average_gradient``; with momentum ``trace`` -> ``momentum``
                               (``rho`` is optax's ``decay``; ``variant`` may set ``eps_in_sqrt``)
 * ``optax.adagrad``:          ``sum_of_squares`` (``scale_by_rss``) -> ``accumulator``
+* ``optax.lion``:             ``ScaleByLionState.mu`` -> ``m``
+* ``optax.radam``:            ``mu`` -> ``m``, ``nu`` -> ``v`` (``ScaleByAdamState``)
 
 float64 cases need ``jax_enable_x64``, which must be set before JAX computes anything and which
 also changes how Python-float hyperparameters promote (the float32 cases must run without it).
@@ -102,6 +104,27 @@ def build_transformation(case):
         tx = optax.rmsprop(**_kwargs(case, _RMSPROP_KEYS))
     elif name == "Adagrad":
         tx = optax.adagrad(**_kwargs(case, _ADAGRAD_KEYS))
+    elif name == "Lion":
+        tx = optax.lion(**_kwargs(case, {"learning_rate": "learning_rate", "beta_1": "b1",
+                                          "beta_2": "b2", "weight_decay": "weight_decay"}))
+    elif name == "RAdam":
+        tx = optax.radam(**_kwargs(case, dict(_ADAM_KEYS, epsilon_root="eps_root",
+                                              threshold="threshold")))
+    elif name == "Adamax":
+        tx = optax.adamax(**_kwargs(case, _ADAM_KEYS))
+    elif name == "Nadam":  # adam(nesterov=True); slots mu -> m, nu -> v
+        tx = optax.nadam(**_kwargs(case, _ADAM_KEYS))
+    elif name == "Lamb":
+        tx = optax.lamb(**_kwargs(case, dict(_ADAM_KEYS, eps_root="eps_root",
+                                             weight_decay="weight_decay")))
+    elif name == "Adafactor":
+        kw = _kwargs(case, _ADAFACTOR_KEYS)
+        if "beta_2_decay" in kw:  # refopt's (Keras') exponent -> optax's decay_rate
+            kw["decay_rate"] = -kw.pop("beta_2_decay")
+        tx = optax.adafactor(**kw)
+    elif name == "Adadelta":
+        tx = optax.adadelta(**_kwargs(case, {"learning_rate": "learning_rate", "rho": "rho",
+                                             "epsilon": "eps", "weight_decay": "weight_decay"}))
     else:
         raise ValueError(f"{case['id']}: optimizer {name!r} is not mapped for optax")
     before = []
@@ -120,6 +143,15 @@ def _walk_states(state):
             yield from _walk_states(s)
 
 
+# refopt's Adafactor names -> optax.adafactor's (beta_2_decay is negated into decay_rate)
+_ADAFACTOR_KEYS = {"learning_rate": "learning_rate", "beta_2_decay": "beta_2_decay",
+                   "epsilon_1": "eps", "clip_threshold": "clipping_threshold",
+                   "min_dim_size_to_factor": "min_dim_size_to_factor",
+                   "decay_offset": "decay_offset", "factored": "factored",
+                   "multiply_by_parameter_scale": "multiply_by_parameter_scale",
+                   "weight_decay": "weight_decay_rate"}
+
+
 def record_slots(state, n, optimizer=None):
     """refopt slot name -> list (variables) of ndarray, from the optax state.
 
@@ -135,7 +167,34 @@ def record_slots(state, n, optimizer=None):
         found[name] = [np.array(x) for x in leaves]
 
     for s in _walk_states(state):
-        if optimizer == "Adagrad":
+        if optimizer == "Adamax":  # scale_by_adamax keeps ScaleByAdamState: nu is u
+            if isinstance(s, optax.ScaleByAdamState):
+                put("m", s.mu), put("u", s.nu)
+            elif getattr(s, "_fields", ()):
+                raise ValueError(f"unexpected optax state {type(s).__name__} in adamax")
+        elif optimizer == "Adadelta":
+            if isinstance(s, optax.ScaleByAdaDeltaState):
+                put("accumulated_grad", s.e_g), put("accumulated_delta", s.e_x)
+            elif getattr(s, "_fields", ()):
+                raise ValueError(f"unexpected optax state {type(s).__name__} in adadelta")
+        elif optimizer == "Adafactor":
+            # FactoredState: v_row, v_col (factored leaves), v (the others); each leaf's
+            # unused entries are zeros((1,)) placeholders, not recorded (no case has a
+            # one-element variable)
+            if type(s).__name__ == "FactoredState":
+                for name, leaves in (("velocity_row", s.v_row), ("velocity_col", s.v_col),
+                                     ("velocity", s.v)):
+                    assert name not in found and len(leaves) == n
+                    found[name] = [None if np.shape(x) == (1,) else np.array(x)
+                                   for x in leaves]
+            elif getattr(s, "_fields", ()):
+                raise ValueError(f"unexpected optax state {type(s).__name__} in adafactor")
+        elif optimizer == "Lion":
+            if isinstance(s, optax.ScaleByLionState):
+                put("m", s.mu)
+            elif getattr(s, "_fields", ()):
+                raise ValueError(f"unexpected optax state {type(s).__name__} in lion")
+        elif optimizer == "Adagrad":
             if isinstance(s, optax.ScaleByRssState):
                 put("accumulator", s.sum_of_squares)
             elif getattr(s, "_fields", ()):

@@ -59,7 +59,10 @@ def _build_optimizer(case, tf_keras, keras):
     if isinstance(lr, dict):  # a serialized schedule
         hyper["learning_rate"] = mod.schedules.deserialize(lr)
     cls = {"Adam": mod.Adam, "AdamW": mod.AdamW, "SGD": mod.SGD,
-           "RMSprop": mod.RMSprop, "Adagrad": mod.Adagrad}[case["optimizer"]]
+           "RMSprop": mod.RMSprop, "Adagrad": mod.Adagrad, "Adadelta": mod.Adadelta,
+           "Adamax": mod.Adamax, "Ftrl": mod.Ftrl, "Nadam": mod.Nadam,
+           "Adafactor": mod.Adafactor, "Lamb": getattr(mod, "Lamb", None),
+           "Lion": mod.Lion}[case["optimizer"]]
     return cls(**hyper)
 
 
@@ -93,6 +96,30 @@ def _record_slots(case, opt, variables):
             out["average_gradient"] = [opt._average_gradients[i] for i in idx]
     elif case["optimizer"] == "Adagrad":
         out["accumulator"] = [opt._accumulators[i] for i in idx]
+    elif case["optimizer"] == "Lion":  # tf_keras `momentums`, Keras 3 `_momentums`
+        moms = opt.momentums if conv == cases.TF else opt._momentums
+        out["m"] = [moms[i] for i in idx]
+    elif case["optimizer"] == "Adadelta":  # both: _accumulated_grads, _accumulated_delta_vars
+        out["accumulated_grad"] = [opt._accumulated_grads[i] for i in idx]
+        out["accumulated_delta"] = [opt._accumulated_delta_vars[i] for i in idx]
+    elif case["optimizer"] == "Adamax":  # both name them _m and _u
+        out["m"] = [opt._m[i] for i in idx]
+        out["u"] = [opt._u[i] for i in idx]
+    elif case["optimizer"] == "Ftrl":  # both keep _accumulators and _linears
+        out["accumulator"] = [opt._accumulators[i] for i in idx]
+        out["linear"] = [opt._linears[i] for i in idx]
+    elif case["optimizer"] == "Nadam":  # both: _momentums, _velocities (+ shared _u_product)
+        out["m"] = [opt._momentums[i] for i in idx]
+        out["v"] = [opt._velocities[i] for i in idx]
+    elif case["optimizer"] == "Lamb":  # Keras 3: _momentums, _velocities
+        out["m"] = [opt._momentums[i] for i in idx]
+        out["v"] = [opt._velocities[i] for i in idx]
+    elif case["optimizer"] == "Adafactor":  # _r, _c (scalar placeholders below rank 2), _v
+        out["velocity_row"] = [opt._r[i] if len(v.shape) >= 2 else None
+                               for i, v in zip(idx, variables)]
+        out["velocity_col"] = [opt._c[i] if len(v.shape) >= 2 else None
+                               for i, v in zip(idx, variables)]
+        out["velocity"] = [opt._v[i] for i in idx]
     else:
         raise ValueError(case["optimizer"])
     if hyper.get("use_ema", False):
@@ -101,8 +128,13 @@ def _record_slots(case, opt, variables):
     for name, slot_vars in out.items():
         row = []
         for s, v in zip(slot_vars, variables):
+            if s is None:  # a placeholder the framework never updates: not recorded
+                row.append(None)
+                continue
             a = np.array(s.numpy())
-            assert a.shape == tuple(v.shape) and a.dtype == np.dtype(case["dtype"]), (name, a.dtype)
+            free = name in ("velocity_row", "velocity_col")  # Adafactor's factored shapes
+            assert (free or a.shape == tuple(v.shape)) and a.dtype == np.dtype(case["dtype"]), (
+                name, a.dtype)
             row.append(a)
         recorded[name] = row
     return recorded
@@ -121,14 +153,17 @@ def run_case(case, tf, tf_keras, keras):
     versions["numpy"] = np.__version__
     opt = _build_optimizer(case, tf_keras, keras)
     params, slots = [], {}
+    state = {}  # optimizer state that is not a slot (Nadam's u_product)
     for row in grads:
         tg = [_tf_grad(tf, g, dtype, a.shape) for g, a in zip(row, init)]
         opt.apply_gradients(list(zip(tg, variables)))
         params.append([np.array(v.numpy()) for v in variables])
         for name, vals in _record_slots(case, opt, variables).items():
             slots.setdefault(name, []).append(vals)
+        if case["optimizer"] == "Nadam":  # one scalar shared by every variable
+            state.setdefault("u_product", []).append(np.array(opt._u_product.numpy()))
     store.save_case(case, framework="tensorflow", versions=versions, init=init, grads=grads,
-                    params=params, slots=slots)
+                    params=params, slots=slots, **({"state": state} if state else {}))
     return params[-1]
 
 

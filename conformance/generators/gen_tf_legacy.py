@@ -49,6 +49,10 @@ def _keras2_optimizer(case, tf, tfa):
     cls = {"Adam": tf.keras.optimizers.legacy.Adam, "SGD": tf.keras.optimizers.legacy.SGD,
            "RMSprop": tf.keras.optimizers.legacy.RMSprop,
            "Adagrad": tf.keras.optimizers.legacy.Adagrad,
+           "Adadelta": tf.keras.optimizers.legacy.Adadelta,
+           "Adamax": tf.keras.optimizers.legacy.Adamax,
+           "Nadam": tf.keras.optimizers.legacy.Nadam,
+           "Ftrl": tf.keras.optimizers.legacy.Ftrl,
            "LazyAdam": tfa.optimizers.LazyAdam}[case["optimizer"]]
     return cls(**hyper)  # epsilon=0.0 goes in as is (legacy Adam turns it into 1e-7)
 
@@ -73,6 +77,14 @@ def _keras2_slot_names(case):
         return names
     if case["optimizer"] == "Adagrad":
         return [("accumulator", "accumulator")]
+    if case["optimizer"] == "Adadelta":  # legacy slots "accum_grad" and "accum_var"
+        return [("accum_grad", "accumulated_grad"), ("accum_var", "accumulated_delta")]
+    if case["optimizer"] == "Nadam":  # legacy slots "m", "v" (+ the weight momentum_cache)
+        return [("m", "m"), ("v", "v")]
+    if case["optimizer"] == "Adamax":  # legacy slots "m" and "v" (v is the infinity norm u)
+        return [("m", "m"), ("v", "u")]
+    if case["optimizer"] == "Ftrl":
+        return [("accumulator", "accumulator"), ("linear", "linear")]
     raise ValueError(case["optimizer"])
 
 
@@ -97,17 +109,20 @@ def run_keras2(case):
     opt = _keras2_optimizer(case, tf, tfa)
     names = _keras2_slot_names(case)
     params, slots = [], {ref: [] for _, ref in names}
+    state = {}  # optimizer state that is not a slot (Nadam's momentum_cache)
     for row in grads:
         tg = [_tf_grad(tf, g, dtype, a.shape) for g, a in zip(row, init)]
         opt.apply_gradients(list(zip(tg, variables)))
         params.append([np.array(v.numpy()) for v in variables])
         for fw, ref in names:
             slots[ref].append([np.array(opt.get_slot(v, fw).numpy()) for v in variables])
+        if case["optimizer"] == "Nadam":  # the shared weight "momentum_cache"
+            state.setdefault("u_product", []).append(np.array(opt._m_cache.numpy()))
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__}
     if case["optimizer"] == "LazyAdam":
         versions["tensorflow_addons"] = tfa.__version__
     store.save_case(case, framework="tensorflow", versions=versions, init=init, grads=grads,
-                    params=params, slots=slots)
+                    params=params, slots=slots, **({"state": state} if state else {}))
     return params[-1]
 
 
@@ -158,6 +173,8 @@ def _tf1_optimizer(case, tf):
     hyper = dict(case["hyperparameters"])
     known = {"learning_rate", "beta_1", "beta_2", "epsilon", "momentum", "nesterov",
              "global_clipnorm", "rho", "centered", "initial_accumulator_value"}
+    known |= {"learning_rate_power", "l1_regularization_strength", "l2_regularization_strength",
+              "l2_shrinkage_regularization_strength", "beta"}  # Ftrl (same names in TF1)
     unknown = set(hyper) - known
     if unknown:
         raise ValueError(f"{case['id']}: no TF1 equivalent for {sorted(unknown)}")
@@ -182,6 +199,13 @@ def _tf1_optimizer(case, tf):
         if hyper.get("centered", False):
             names.append(("mg", "average_gradient"))
         return tf.compat.v1.train.RMSPropOptimizer(**kw), names
+    if case["optimizer"] == "Adadelta":  # slots "accum" (E[g^2]) and "accum_update" (E[dx^2])
+        kw = {"learning_rate": hyper["learning_rate"]}
+        for key in ("rho", "epsilon"):
+            if key in hyper:
+                kw[key] = hyper[key]
+        return (tf.compat.v1.train.AdadeltaOptimizer(**kw),
+                [("accum", "accumulated_grad"), ("accum_update", "accumulated_delta")])
     if case["optimizer"] == "Adagrad":
         kw = {"learning_rate": hyper["learning_rate"]}
         if "initial_accumulator_value" in hyper:
@@ -189,6 +213,9 @@ def _tf1_optimizer(case, tf):
         if "epsilon" in hyper:
             raise ValueError(f"{case['id']}: TF1's AdagradOptimizer has no epsilon")
         return tf.compat.v1.train.AdagradOptimizer(**kw), [("accumulator", "accumulator")]
+    if case["optimizer"] == "Ftrl":  # FtrlOptimizer's slots are "accum" and "linear"
+        return (tf.compat.v1.train.FtrlOptimizer(**hyper),
+                [("accum", "accumulator"), ("linear", "linear")])
     if case["optimizer"] == "SGD":
         momentum = hyper.get("momentum", 0.0)
         if momentum == 0.0:

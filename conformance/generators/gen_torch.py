@@ -15,6 +15,10 @@ with :func:`store.save_case` under refopt's slot names:
 * RMSprop:      ``square_avg`` -> ``velocity``, ``momentum_buffer`` -> ``momentum`` (momentum > 0),
                 ``grad_avg`` -> ``average_gradient`` (centered); ``rho`` is torch's ``alpha``
 * Adagrad:      ``sum`` -> ``accumulator`` (dense or sparse COO gradients)
+* ASGD:         ``ax`` -> ``ax``; its float32 0-d ``eta`` and ``mu`` -> ``state/eta``,
+                ``state/mu`` (per parameter and step; not slots: refopt derives them)
+* Rprop:        ``prev`` -> ``prev``, ``step_size`` -> ``step_size`` (torch's names kept)
+* RAdam:        ``exp_avg`` -> ``m``, ``exp_avg_sq`` -> ``v`` (``decoupled_weight_decay`` by name)
 * EMA:          the parameters of ``AveragedModel(multi_avg_fn=get_ema_multi_avg_fn(d))``,
                 updated after every optimizer step -> ``average``
 
@@ -58,10 +62,29 @@ _OPTIMIZERS = {
                               "nesterov": "nesterov"}, False),
     "RMSprop": (torch.optim.RMSprop, {"learning_rate": "lr", "rho": "alpha", "epsilon": "eps",
                                       "momentum": "momentum", "centered": "centered"}, False),
+    "RAdam": (torch.optim.RAdam, {"learning_rate": "lr", "epsilon": "eps",
+                                  "weight_decay": "weight_decay",
+                                  "decoupled_weight_decay": "decoupled_weight_decay"}, True),
     "Adagrad": (torch.optim.Adagrad, {"learning_rate": "lr", "epsilon": "eps",
                                       "initial_accumulator_value": "initial_accumulator_value",
                                       "lr_decay": "lr_decay", "weight_decay": "weight_decay"},
                 False),
+    "Adadelta": (torch.optim.Adadelta, {"learning_rate": "lr", "rho": "rho", "epsilon": "eps",
+                                        "weight_decay": "weight_decay"}, False),
+    "Nadam": (torch.optim.NAdam, {"learning_rate": "lr", "epsilon": "eps",
+                                  "weight_decay": "weight_decay",
+                                  "momentum_decay": "momentum_decay",
+                                  "decoupled_weight_decay": "decoupled_weight_decay"}, True),
+    "Adamax": (torch.optim.Adamax, {"learning_rate": "lr", "epsilon": "eps",
+                                    "weight_decay": "weight_decay"}, True),
+    # epsilon_1/epsilon_2 are assembled into eps=(eps1, eps2) in build_optimizer
+    "Adafactor": (torch.optim.Adafactor, {"learning_rate": "lr", "beta_2_decay": "beta2_decay",
+                                          "clip_threshold": "d",
+                                          "weight_decay": "weight_decay"}, False),
+    "ASGD": (torch.optim.ASGD, {"learning_rate": "lr", "lambd": "lambd", "alpha": "alpha",
+                                "t0": "t0", "weight_decay": "weight_decay"}, False),
+    "Rprop": (torch.optim.Rprop, {"learning_rate": "lr", "etas": "etas",
+                                  "step_sizes": "step_sizes"}, False),
 }
 # Handled around the optimizer rather than passed to it.
 _WRAPPER_KEYS = {"global_clipnorm", "clipvalue", "use_ema", "ema_momentum"}
@@ -74,6 +97,17 @@ _RMSPROP_SLOTS = {"square_avg": "velocity", "momentum_buffer": "momentum",
                   "grad_avg": "average_gradient"}
 # Adagrad's state: "sum" (created in the constructor, filled with initial_accumulator_value)
 _ADAGRAD_SLOTS = {"sum": "accumulator"}
+# Adamax's state: "exp_avg" -> "m", "exp_inf" (the infinity norm) -> "u"
+_ADAMAX_SLOTS = {"exp_avg": "m", "exp_inf": "u"}
+# Adafactor's state: row_var/col_var (dim > 1, torch's keepdim shapes), variance (dim <= 1)
+_ADAFACTOR_SLOTS = {"row_var": "velocity_row", "col_var": "velocity_col",
+                    "variance": "velocity"}
+# Adadelta's state: "square_avg" (E[g^2]) and "acc_delta" (E[dx^2])
+_ADADELTA_SLOTS = {"square_avg": "accumulated_grad", "acc_delta": "accumulated_delta"}
+# ASGD's average "ax" (its scalars eta and mu are recorded as state/eta, state/mu); Rprop's
+# "prev" and "step_size" (refopt keeps torch's names)
+_ASGD_SLOTS = {"ax": "ax"}
+_RPROP_SLOTS = {"prev": "prev", "step_size": "step_size"}
 
 
 def versions():
@@ -89,6 +123,9 @@ def build_optimizer(case, params):
     if takes_betas and ("beta_1" in hyper or "beta_2" in hyper):
         b1, b2 = inspect.signature(cls).parameters["betas"].default  # torch's own defaults
         kwargs["betas"] = (hyper.pop("beta_1", b1), hyper.pop("beta_2", b2))
+    if cls is torch.optim.Adafactor and ("epsilon_1" in hyper or "epsilon_2" in hyper):
+        e1, e2 = inspect.signature(cls).parameters["eps"].default  # torch's (None, 1e-3)
+        kwargs["eps"] = (hyper.pop("epsilon_1", e1), hyper.pop("epsilon_2", e2))
     for key in list(hyper):
         if key in _WRAPPER_KEYS:
             continue
@@ -132,7 +169,11 @@ def run_case(case):
     either = isinstance(optimizer, torch.optim.Adagrad)  # takes dense and sparse gradients
 
     recorded_params = []
-    state_slots = {"RMSprop": _RMSPROP_SLOTS, "Adagrad": _ADAGRAD_SLOTS}.get(
+    state = {}  # optimizer state that is not a slot (NAdam's mu_product)
+    state_slots = {"RMSprop": _RMSPROP_SLOTS, "Adagrad": _ADAGRAD_SLOTS,
+                   "Adamax": _ADAMAX_SLOTS, "Adadelta": _ADADELTA_SLOTS,
+                   "Adafactor": _ADAFACTOR_SLOTS,
+                   "ASGD": _ASGD_SLOTS, "Rprop": _RPROP_SLOTS}.get(
         case["optimizer"], _STATE_SLOTS)
     slots = {name: [] for name in (*sorted(set(state_slots.values())), "average")}
     for row in grads:
@@ -159,10 +200,19 @@ def run_case(case):
                 per_slot["average"][i] = a.detach().numpy().copy()
         for name in slots:
             slots[name].append(per_slot[name])
+        if case["optimizer"] == "Nadam":  # NAdam's per-parameter scalar mu_product
+            state.setdefault("mu_product", []).append(
+                [optimizer.state[p]["mu_product"].detach().numpy().copy()
+                 if "mu_product" in optimizer.state.get(p, {}) else None for p in params])
+        if case["optimizer"] == "ASGD":  # ASGD's per-parameter scalars (float32 0-d tensors)
+            for key in ("eta", "mu"):
+                state.setdefault(key, []).append(
+                    [optimizer.state[p][key].detach().numpy().copy()
+                     if key in optimizer.state.get(p, {}) else None for p in params])
     slots = {n: rows for n, rows in slots.items()
              if any(s is not None for r in rows for s in r)}
     store.save_case(case, framework="torch", versions=versions(), init=init, grads=grads,
-                    params=recorded_params, slots=slots)
+                    params=recorded_params, slots=slots, **({"state": state} if state else {}))
     return sorted(slots)
 
 

@@ -11,6 +11,10 @@
                                   (``m``, ``v``, ``vhat``, ``average``; RMSprop: ``velocity``,
                                   ``momentum``, ``average_gradient``; Adagrad:
                                   ``accumulator``)
+``state/{name}/{k}``, ``state/{name}/{k}/{i}``   optimizer state that is not a slot: Nadam's
+                                  ``u_product`` (Keras' ``_u_product``, Keras 2's
+                                  ``momentum_cache``: one scalar per step) and torch's
+                                  ``mu_product`` (one float32 scalar per parameter)
 
 ``manifest.json``: ``{"format": 1, "cases": [entry, ...]}``, entries sorted by id; an entry is the
 case of ``cases.py`` plus ``file``, ``framework``, ``framework_version`` (a dict of package
@@ -33,7 +37,8 @@ def file_name(case_id):
     return case_id.replace("/", "__") + ".npz"
 
 
-def save_case(case, *, framework, versions, init, grads, params, slots, emulated=False):
+def save_case(case, *, framework, versions, init, grads, params, slots, emulated=False,
+              state=None):
     """Write ``data/<id>.npz`` and put the case's entry into ``data/manifest.json``.
 
     Parameters
@@ -52,6 +57,12 @@ def save_case(case, *, framework, versions, init, grads, params, slots, emulated
         Recorded state after each step (refopt's slot names).
     emulated : bool
         True when the framework's optimizer was rebuilt from its ops.
+    state : dict name -> list (steps) of ndarray or of list (variables), optional
+        Optimizer state that is not a slot of refopt's optimizer, written as
+        ``state/{name}/{k}`` (one array per step: Keras' Nadam ``u_product``, shared by every
+        variable) or ``state/{name}/{k}/{i}`` (one per variable: torch's NAdam
+        ``mu_product``); refopt derives it from the step count, the replay does not read it,
+        the optimizer's own tests do.
     """
     dtype = np.dtype(case["dtype"])
     arrays = {}
@@ -74,14 +85,28 @@ def save_case(case, *, framework, versions, init, grads, params, slots, emulated
             arrays[f"param/{k}/{i}"] = p
     for name, per_step in slots.items():
         assert name in ("m", "v", "vhat", "average", "velocity", "momentum",
-                        "average_gradient", "accumulator"), name
+                        "accumulated_grad", "accumulated_delta",
+                        "average_gradient", "accumulator", "u", "linear",
+                        "velocity_row", "velocity_col",
+                        "ax", "prev", "step_size"), name
         for k, row in enumerate(per_step, start=1):
             for i, s in enumerate(row):
                 if s is None:
                     continue
                 s = np.asarray(s)
-                assert s.dtype == dtype and s.shape == tuple(case["shapes"][i]), (name, k, i)
+                # Adafactor's factored moments have shapes of their own (the framework's)
+                free = name in ("velocity_row", "velocity_col")
+                assert s.dtype == dtype and (free or s.shape == tuple(case["shapes"][i])), (
+                    name, k, i)
                 arrays[f"slot/{name}/{k}/{i}"] = s
+    for name, per_step in (state or {}).items():
+        for k, row in enumerate(per_step, start=1):
+            if isinstance(row, list):
+                for i, s in enumerate(row):
+                    if s is not None:
+                        arrays[f"state/{name}/{k}/{i}"] = np.asarray(s)
+            else:
+                arrays[f"state/{name}/{k}"] = np.asarray(row)
     os.makedirs(DATA, exist_ok=True)
     fname = file_name(case["id"])
     np.savez_compressed(os.path.join(DATA, fname), **arrays)

@@ -81,7 +81,14 @@ class FlatState:
         semantics compute both from the old values, which an in-place pass cannot).
     """
 
-    def __init__(self, var_list, slot_names, use_ema, initial=None, average_zero=False):
+    def __init__(self, var_list, slot_names, use_ema, initial=None, average_zero=False,
+                 slot_shape=None):
+        # A slot whose shape differs from its variable's (Adafactor's factored moments) is
+        # kept as separate arrays, outside the flat buffers: no rule kernel reads it.
+        apart = () if slot_shape is None else tuple(
+            name for name in slot_names
+            if any(tuple(slot_shape(name, v.shape)) != v.shape for v in var_list))
+        flat_names = tuple(name for name in slot_names if name not in apart)
         n = len(var_list)
         self.offset = np.zeros(n, np.int64)
         self.count = np.array([v.size for v in var_list], np.int64)
@@ -94,12 +101,12 @@ class FlatState:
         for i, var in enumerate(var_list):
             self.offset[i] = totals.get(var.dtype, 0)
             totals[var.dtype] = self.offset[i] + var.size
-        names = tuple(slot_names) + (("average",) if use_ema else ())
+        names = flat_names + (("average",) if use_ema else ())
         self.buffers = {dt: {name: np.zeros(total, dt) for name in names}
                         for dt, total in totals.items()}
         if initial is not None:  # slots that do not start at zero (TF1's RMSprop velocity)
             for dt, per_dtype in self.buffers.items():
-                for name in slot_names:
+                for name in flat_names:
                     value = initial(name, dt)
                     if value != 0:
                         per_dtype[name].fill(value)
@@ -108,6 +115,11 @@ class FlatState:
         for i, var in enumerate(var_list):
             lo, hi = self.offset[i], self.offset[i] + var.size
             for name in slot_names:
+                if name in apart:
+                    value = 0 if initial is None else initial(name, var.dtype)
+                    self.slots[name].append(
+                        np.full(tuple(slot_shape(name, var.shape)), value, var.dtype))
+                    continue
                 self.slots[name].append(self.buffers[var.dtype][name][lo:hi].reshape(var.shape))
             if use_ema:
                 avg = self.buffers[var.dtype]["average"][lo:hi].reshape(var.shape)
@@ -482,7 +494,7 @@ class CpuExecutor(ReferenceExecutor):
 
     def allocate(self, opt, var_list):
         return FlatState(var_list, opt._slot_names(), opt.use_ema, opt._slot_initial_value,
-                         average_zero=opt.convention.ema == "keras3")
+                         average_zero=opt.convention.ema == "keras3", slot_shape=opt.slot_shape)
 
     def quick_step(self, opt, grads_and_vars, lr_value):
         quick = quick_pairs(opt, grads_and_vars)

@@ -200,10 +200,17 @@ class CudaState:
     #: many (a training loop has one or a few sets of present variables).
     MAX_TABLES = 64
 
-    def __init__(self, var_list, slot_names, use_ema, initial=None, average_zero=False):
+    def __init__(self, var_list, slot_names, use_ema, initial=None, average_zero=False,
+                 slot_shape=None):
         kc = _kc()
         kc.check_config()
         self.views = [view(v, f"var_list[{i}]") for i, v in enumerate(var_list)]
+        # A slot whose shape differs from its variable's (Adafactor's factored moments):
+        # separate device arrays, outside the flat buffers (no rule kernel reads it).
+        apart = () if slot_shape is None else tuple(
+            name for name in slot_names
+            if any(tuple(slot_shape(name, tuple(d.shape))) != tuple(d.shape)
+                   for d in self.views))
         check_no_overlap(self.views, "var_list")
         self.dtypes = [np.dtype(d.dtype) for d in self.views]
         self.specs = [(tuple(d.shape), dt) for d, dt in zip(self.views, self.dtypes)]
@@ -212,7 +219,8 @@ class CudaState:
         for d, dt in zip(self.views, self.dtypes):
             self.offsets.append(totals.get(dt, 0))
             totals[dt] = self.offsets[-1] + d.size
-        names = tuple(slot_names) + (("average",) if use_ema else ())
+        names = tuple(n for n in slot_names if n not in apart) + (
+            ("average",) if use_ema else ())
 
         def start(name, dt, n):
             value = initial(name, dt) if (initial is not None and name in slot_names) else 0
@@ -221,6 +229,11 @@ class CudaState:
         self.buffers = {dt: {name: start(name, dt, n) for name in names}
                         for dt, n in totals.items()}
         per = {name: [self._view(i, name) for i in range(len(self.views))] for name in names}
+        for name in apart:
+            per[name] = [
+                kc.to_device(np.full(tuple(slot_shape(name, tuple(d.shape))),
+                                     0 if initial is None else initial(name, dt), dt))
+                for d, dt in zip(self.views, self.dtypes)]
         self.slots = {name: per[name] for name in slot_names}
         self.averages = per.get("average", [])
         if not average_zero:
@@ -791,7 +804,7 @@ class CudaExecutor(Executor):
 
     def allocate(self, opt, var_list):
         return CudaState(var_list, opt._slot_names(), opt.use_ema, opt._slot_initial_value,
-                         average_zero=opt.convention.ema == "keras3")
+                         average_zero=opt.convention.ema == "keras3", slot_shape=opt.slot_shape)
 
     def run_step(self, opt, positions, grads, lr_value):
         kc = _kc()

@@ -58,7 +58,8 @@ class HostState:
             self.averages = [np.zeros_like(v) if opt.convention.ema == "keras3" else v.copy()
                              for v in var_list]
         self.slots = {
-            name: [np.full_like(v, opt._slot_initial_value(name, v.dtype)) for v in var_list]
+            name: [np.full(opt.slot_shape(name, v.shape), opt._slot_initial_value(name, v.dtype),
+                           v.dtype) for v in var_list]
             for name in opt._slot_names()
         }
 

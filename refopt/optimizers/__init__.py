@@ -1,9 +1,37 @@
 """The optimizer API (the top layer): the base class and each optimizer's class; the step order is :mod:`refopt.pipeline`'s."""
 
+from refopt.optimizers.adadelta import Adadelta
+from refopt.optimizers.adafactor import Adafactor
 from refopt.optimizers.adagrad import Adagrad
 from refopt.optimizers.adam import Adam, AdamW, LazyAdam
+from refopt.optimizers.adamax import Adamax
+from refopt.optimizers.asgd import ASGD
 from refopt.optimizers.base import Optimizer
+from refopt.optimizers.ftrl import Ftrl
+from refopt.optimizers.lamb import Lamb
+from refopt.optimizers.lion import Lion
+from refopt.optimizers.nadam import Nadam
+from refopt.optimizers.radam import RAdam
 from refopt.optimizers.rmsprop import RMSprop
+from refopt.optimizers.rprop import Rprop
 from refopt.optimizers.sgd import SGD
 
-__all__ = ["Adagrad", "Adam", "AdamW", "LazyAdam", "Optimizer", "RMSprop", "SGD"]
+__all__ = [
+    "ASGD",
+    "Adadelta",
+    "Adafactor",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "Adamax",
+    "Ftrl",
+    "Lamb",
+    "LazyAdam",
+    "Lion",
+    "Nadam",
+    "Optimizer",
+    "RAdam",
+    "RMSprop",
+    "Rprop",
+    "SGD",
+]

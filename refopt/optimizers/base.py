@@ -483,6 +483,13 @@ class Optimizer:
         """The value every element of slot ``name`` starts with (override it; default 0)."""
         return np.dtype(dtype).type(0)
 
+    def slot_shape(self, name, shape):
+        """The shape of slot ``name`` of a variable of ``shape`` (override it; default the
+        variable's own). Adafactor's factored moments are smaller than their variable; a slot
+        of another shape is kept outside the fused backends' flat buffers, so an optimizer
+        with one takes the staged step there unless its rule says otherwise."""
+        return tuple(shape)
+
     def _slot_groups(self):
         """Slot names in tf-keras creation order: a tuple of groups, each interleaved per variable."""
         return (tuple(self.slot_variables),) if self.slot_variables else ()

@@ -12,7 +12,18 @@ from refopt.reference.adagrad import (
     adagrad_update,
     initial_accumulator,
 )
+from refopt.reference.adadelta import AdadeltaResult, adadelta_initial_state, adadelta_update
+from refopt.reference.adafactor import (
+    AdafactorResult,
+    adafactor_initial_state,
+    adafactor_update,
+)
+from refopt.reference.lamb import LambResult, lamb_initial_state, lamb_update
 from refopt.reference.adam import AdamResult, adam_scalars, adam_update
+from refopt.reference.adamax import AdamaxResult, adamax_initial_state, adamax_update
+from refopt.reference.nadam import NadamResult, nadam_initial_state, nadam_update
+from refopt.reference.asgd import ASGDResult, asgd_initial_state, asgd_update
+from refopt.reference.rprop import RpropResult, rprop_initial_state, rprop_update
 from refopt.reference.clipping import (
     clip_by_global_norm,
     clip_by_norm,
@@ -20,7 +31,10 @@ from refopt.reference.clipping import (
     global_norm,
 )
 from refopt.reference.ema import ema_update
+from refopt.reference.ftrl import FtrlResult, ftrl_initial_state, ftrl_update
 from refopt.reference.lazy_adam import lazy_adam_update
+from refopt.reference.lion import LionResult, lion_initial_state, lion_update
+from refopt.reference.radam import RAdamResult, radam_initial_state, radam_update
 from refopt.reference.rmsprop import (
     RMSpropResult,
     initial_velocity,
@@ -31,8 +45,29 @@ from refopt.reference.sgd import SGDResult, sgd_update
 from refopt.reference.weight_decay import apply_weight_decay
 
 __all__ = [
+    "AdafactorResult",
+    "adafactor_initial_state",
+    "adafactor_update",
+    "LambResult",
+    "lamb_initial_state",
+    "lamb_update",
+    "AdadeltaResult",
+    "adadelta_initial_state",
+    "adadelta_update",
     "AdagradResult",
     "AdamResult",
+    "AdamaxResult",
+    "adamax_initial_state",
+    "adamax_update",
+    "NadamResult",
+    "nadam_initial_state",
+    "nadam_update",
+    "ASGDResult",
+    "asgd_initial_state",
+    "asgd_update",
+    "RpropResult",
+    "rprop_initial_state",
+    "rprop_update",
     "RMSpropResult",
     "SGDResult",
     "adagrad_initial_state",
@@ -44,10 +79,19 @@ __all__ = [
     "clip_by_norm",
     "clip_by_value",
     "ema_update",
+    "FtrlResult",
+    "ftrl_initial_state",
+    "ftrl_update",
     "global_norm",
     "initial_accumulator",
     "initial_velocity",
     "lazy_adam_update",
+    "LionResult",
+    "lion_initial_state",
+    "lion_update",
+    "RAdamResult",
+    "radam_initial_state",
+    "radam_update",
     "rmsprop_initial_state",
     "rmsprop_update",
     "sgd_update",

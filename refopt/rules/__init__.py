@@ -29,10 +29,30 @@ weight decay and the EMA (the pipeline's element steps) around it, loop over eve
 of a dtype group, and over the unique rows of a sparse gradient. Adding an optimizer adds a
 rule; no driver changes.
 
-Per-tensor sums (norm clipping's sums of squares, later Adafactor's factored moments and
-Lamb's trust-ratio norms) are the second kind of rule: a
+Per-tensor sums (norm clipping's sums of squares) are the second kind of rule: a
 :class:`refopt.rules.reduce.Reduction`, an element map summed in a named order of addition
 (NumPy's or PyTorch's), from which the drivers build their ``reduce`` kernels.
+
+Phased updates (element rule -> per-tensor sums -> element rule). An update whose elements
+need sums over their whole tensor (Lamb's trust ratio ``||w||/||u||``; Adafactor's row,
+column and RMS means) is written as several ordinary rules and the sums between them, in a
+module-level ``pure_update(apply, ...)`` of its rule module (:func:`refopt.rules.lamb.
+pure_update`): phase 1 is a rule that returns its intermediate (Lamb's direction ``u``) in
+the parameter's place, together with the slots; the sums are taken on the host from that
+intermediate and the variable, in the framework's order (the reference's own reduction
+functions, so the bits are the reference's whatever order the framework uses), and turned
+into the next phase's scalars rounded as the framework rounds them; phase 2 is a slot-less
+rule given the intermediate in the gradient's place and those scalars. A per-row or
+per-column value (Adafactor's factors) reaches an element phase as a slot broadcast to the
+variable's shape. ``apply`` is a
+backend's one-tensor rule driver (:func:`refopt.kernels.cpu.drivers.apply`,
+:func:`refopt.kernels.cuda.drivers.apply`), so a phased update runs on every target with no
+driver edited; the backends' pure functions (``refopt.kernels.cpu.lamb_update``,
+``refopt.kernels.cuda.lamb_update``) are it. The optimizers' ``backend="cpu"`` steps call
+the CPU ones per tensor through the staged step; ``backend="cuda"`` takes the CUDA
+executor's host step for them (the fused multi-tensor kernels take single-phase rules only). Lamb
+(:mod:`refopt.rules.lamb`) and Adafactor (:mod:`refopt.rules.adafactor`, whose factored
+moments, one row or column of numbers, are updated on the host with the means) are phased.
 
 The readable NumPy reference (:mod:`refopt.reference`) is a separate implementation of the
 same updates; the property tests compare the two bit for bit.

@@ -74,6 +74,7 @@ import numpy as np
 from refopt.testing.trajectory import (
     OPTIMIZERS,
     copy_gradient,
+    default_convention,
     format_array,
     format_trajectory,
     optimizer_class,
@@ -429,7 +430,7 @@ def _resync(cand, cand_vars, after, compared, fail, k):
 
 
 def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32",
-                    convention="tf_keras", steps=3, max_examples=50, tolerance_ulp=0, seed=0,
+                    convention=None, steps=3, max_examples=50, tolerance_ulp=0, seed=0,
                     sparse=None, vary=(), slot_map=None, kind="auto", max_variables=2,
                     allow_nonfinite=False, extreme=False):
     """Assert that a candidate implementation computes refopt's trajectories.
@@ -450,8 +451,9 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
         Constructor arguments to fix (refopt names; e.g. ``{"amsgrad": True}``); the optimizer's
         other own hyperparameters are drawn in their valid ranges.
     dtype : {"float16", "float32", "float64"}, default "float32"
-    convention : str, default "tf_keras"
-        Passed to refopt; a convention refopt does not have raises ``NotImplementedError``.
+    convention : str, optional
+        Passed to refopt (an optimizer a convention lacks raises ``ValueError``). Default: the
+        optimizer's own (``"tf_keras"``; ``"torch"`` for RAdam, ASGD, Rprop).
     steps : int, default 3
         Most steps per trajectory (Hypothesis draws 1 to ``steps``).
     max_examples : int, default 50
@@ -516,6 +518,8 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
         raise ValueError(f"`vary` may hold {_VARY}. Received: vary={vary!r}")
     kind = _candidate_kind(candidate, kind)
     _slot_map(candidate, slot_map)
+    if convention is None:
+        convention = default_convention(optimizer)
     # Fail now, with refopt's own message, for a config or convention refopt refuses.
     optimizer_class(optimizer)(**{"learning_rate": 0.01, **(config or {})},
                                convention=convention)

@@ -83,7 +83,7 @@ _FORMAT = "refopt-golden"
 
 
 def make_trajectory(*, optimizer="Adam", config=None, dtype="float32", shapes=((3,),), steps=3,
-                    seed=0, sparse=False, convention="tf_keras"):
+                    seed=0, sparse=False, convention=None):
     """A reproducible trajectory from a seed (NumPy's PCG64), for golden files.
 
     Parameters
@@ -103,7 +103,8 @@ def make_trajectory(*, optimizer="Adam", config=None, dtype="float32", shapes=((
         Give every variable of at least one non-empty dimension an
         :class:`~refopt.IndexedSlices` gradient: ``0`` to ``rows + 2`` indices drawn with
         replacement (so duplicates and absent rows occur), in random order.
-    convention : str, default "tf_keras"
+    convention : str, optional
+        Default: the optimizer's own (``"tf_keras"``; ``"torch"`` for RAdam, ASGD, Rprop).
 
     Returns
     -------

@@ -31,7 +31,12 @@ from refopt import conventions as _conventions
 from refopt import optimizers as _optimizers
 from refopt import schedules as _schedules
 from refopt.indexed_slices import IndexedSlices
-from refopt.testing.trajectory import OPTIMIZERS, Trajectory, optimizer_class
+from refopt.testing.trajectory import (
+    OPTIMIZERS,
+    Trajectory,
+    default_convention,
+    optimizer_class,
+)
 
 __all__ = [
     "DEFAULT_MAX_MAGNITUDE",
@@ -296,7 +301,8 @@ def hyperparameters(*, optimizer="Adam", dtype="float32", weight_decay=True,
         Which optimizer's arguments: Adam family ``learning_rate``, ``beta_1``, ``beta_2``,
         ``epsilon``, ``amsgrad``; SGD ``learning_rate``, ``momentum``, ``nesterov``; RMSprop
         ``learning_rate``, ``rho``, ``momentum``, ``epsilon``, ``centered``; Adagrad
-        ``learning_rate``, ``initial_accumulator_value``, ``epsilon``. A subclass of
+        ``learning_rate``, ``initial_accumulator_value``, ``epsilon``; Adamax ``learning_rate``,
+        ``beta_1``, ``beta_2``, ``epsilon``. A subclass of
         :class:`refopt.Optimizer` (your own) gets ``learning_rate`` and the pipeline options;
         fix its own arguments with ``fixed``.
     dtype : str or numpy.dtype, default "float32"
@@ -318,7 +324,8 @@ def hyperparameters(*, optimizer="Adam", dtype="float32", weight_decay=True,
         Draw only what this convention accepts: no ``use_ema`` where the framework has no
         moving average (Keras 2, TF1, optax), no ``weight_decay`` where the optimizer has none
         there, TF1's Adagrad without ``epsilon`` and with a starting accumulator > 0. None:
-        tf_keras' rules.
+        the optimizer's default convention (``"tf_keras"``; ``"torch"`` for the optimizers
+        only PyTorch has, RAdam, ASGD, Rprop).
 
     Returns
     -------
@@ -334,7 +341,8 @@ def hyperparameters(*, optimizer="Adam", dtype="float32", weight_decay=True,
     cls = _check_optimizer(optimizer)
     if fixed is not None and not isinstance(fixed, dict):
         raise TypeError(f"`fixed` must be a dict or None. Received: fixed={fixed!r}")
-    conv = _conventions.get_convention("tf_keras" if convention is None else convention)
+    conv = _conventions.get_convention(
+        default_convention(cls) if convention is None else convention)
     return _hyperparameters(cls, optimizer, _dtype(dtype), weight_decay, clipping, ema,
                             schedules, dict(fixed or {}), conv)
 
@@ -376,6 +384,57 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
             out["initial_accumulator_value"] = draw(st.floats(0.0, 1.0))
             out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-10,
                                             1e-3))
+    elif issubclass(cls, _optimizers.Adamax):
+        beta = st.floats(0.0, 0.999 if dtype.name == "float16" else 0.9999)
+        out["beta_1"] = draw(beta)
+        out["beta_2"] = draw(beta)
+        out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-8, 1e-3))
+    elif issubclass(cls, _optimizers.Adadelta):
+        out["rho"] = draw(st.floats(0.0, 0.999))
+        out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-8, 1e-3))
+    elif issubclass(cls, _optimizers.Ftrl):
+        if isinstance(out["learning_rate"], float) and out["learning_rate"] < 1e-3:
+            out["learning_rate"] = 1e-3  # FTRL divides by the learning rate
+        out["learning_rate_power"] = draw(st.sampled_from([-0.5, 0.0, -0.3, -1.0]))
+        out["initial_accumulator_value"] = draw(st.floats(0.0, 1.0))
+        out["l1_regularization_strength"] = draw(st.sampled_from([0.0, 0.01]))
+        out["l2_regularization_strength"] = draw(st.floats(0.0, 0.1))
+        out["l2_shrinkage_regularization_strength"] = draw(st.sampled_from([0.0, 0.1]))
+        out["beta"] = draw(st.floats(0.0, 1.0))
+    elif issubclass(cls, _optimizers.Nadam):
+        if conv.nadam_form == "keras2" and not isinstance(out["learning_rate"], float):
+            out["learning_rate"] = draw(st.floats(0.0, 1.0))  # Keras 2's Nadam: no schedule
+        beta = st.floats(0.0, 0.999 if dtype.name == "float16" else 0.9999)
+        out["beta_1"] = draw(beta)
+        out["beta_2"] = draw(beta)
+        out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-8, 1e-3))
+        if conv.nadam_form == "torch":
+            out["momentum_decay"] = draw(st.sampled_from([0.004, 0.0, 0.05]))
+    elif issubclass(cls, _optimizers.Lion):
+        out["beta_1"] = draw(st.floats(0.0, 1.0, exclude_min=True))  # Keras: (0, 1]
+        out["beta_2"] = draw(st.floats(0.0, 1.0))
+    elif issubclass(cls, _optimizers.RAdam):
+        beta = st.floats(0.0, 0.999)
+        out["beta_1"] = draw(beta)
+        out["beta_2"] = draw(beta)
+        out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-8, 1e-3))
+    elif issubclass(cls, _optimizers.Lamb):
+        beta = st.floats(0.0, 0.999 if dtype.name == "float16" else 0.9999)
+        out["beta_1"] = draw(beta)
+        out["beta_2"] = draw(beta)
+        out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-8, 1e-3))
+    elif issubclass(cls, _optimizers.Adafactor):
+        out["beta_2_decay"] = draw(st.sampled_from([-0.8, -0.5, -1.0]))
+        out["epsilon_1"] = draw(st.sampled_from([1e-30, 1e-20]))
+        out["epsilon_2"] = draw(st.floats(1e-4, 1e-2))
+        out["clip_threshold"] = draw(st.floats(0.5, 2.0))
+    elif issubclass(cls, _optimizers.ASGD):
+        out["lambd"] = draw(st.floats(0.0, 1e-2))
+        out["alpha"] = draw(st.floats(0.0, 1.0))
+        out["t0"] = draw(st.sampled_from([0.0, 1.0, 2.0, 1e6]))
+    elif issubclass(cls, _optimizers.Rprop):
+        out["etas"] = (draw(st.floats(0.1, 0.9)), draw(st.floats(1.1, 2.0)))
+        out["step_sizes"] = (draw(st.floats(0.0, 1e-3)), draw(st.floats(1.0, 50.0)))
     elif issubclass(cls, _optimizers.SGD):
         out["momentum"] = draw(st.floats(0.0, 1.0))
         out["nesterov"] = draw(st.booleans())
@@ -453,7 +512,7 @@ def trajectories(*, optimizer="Adam", dtype="float32", min_steps=1, max_steps=3,
                  min_variables=1, max_variables=2, max_side=4, sparse=None, config=None,
                  weight_decay=True, clipping=True, ema=True, schedules=False,
                  max_magnitude=None, allow_nonfinite=False, extreme=False,
-                 convention="tf_keras"):
+                 convention=None):
     """Whole optimization runs: hyperparameters, initial variables and T steps of gradients.
 
     Parameters
@@ -476,8 +535,9 @@ def trajectories(*, optimizer="Adam", dtype="float32", min_steps=1, max_steps=3,
     max_magnitude, allow_nonfinite, extreme
         For the gradients, as :func:`float_arrays` (initial variables are always finite and
         within :data:`DEFAULT_MAX_MAGNITUDE`).
-    convention : str, default "tf_keras"
-        Stored in the trajectory and passed to refopt.
+    convention : str, optional
+        Stored in the trajectory and passed to refopt. Default: the optimizer's own
+        (:func:`default_convention`: ``"tf_keras"``, ``"torch"`` for RAdam, ASGD, Rprop).
 
     Returns
     -------
@@ -489,6 +549,8 @@ def trajectories(*, optimizer="Adam", dtype="float32", min_steps=1, max_steps=3,
         If ``optimizer`` or ``dtype`` is unknown, or ``min_steps > max_steps``.
     """
     dtype = _dtype(dtype)
+    if convention is None:
+        convention = default_convention(optimizer)
     if not 0 <= min_steps <= max_steps:
         raise ValueError(
             f"Need 0 <= min_steps <= max_steps. Received: min_steps={min_steps}, "

@@ -19,11 +19,13 @@ from refopt import optimizers as _optimizers
 from refopt import schedules as _schedules
 from refopt.indexed_slices import IndexedSlices
 
-__all__ = ["OPTIMIZERS", "State", "Trajectory", "optimizer_class", "run_reference", "slot_names"]
+__all__ = ["OPTIMIZERS", "State", "Trajectory", "default_convention", "optimizer_class",
+           "run_reference", "slot_names"]
 
 #: The optimizers the toolkit draws hyperparameters for (any refopt optimizer class name works
 #: for :class:`Trajectory` and :func:`run_reference`).
-OPTIMIZERS = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad")
+OPTIMIZERS = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad", "Adadelta", "Adamax",
+              "Nadam", "Adafactor", "Lion", "Lamb", "Ftrl", "RAdam", "ASGD", "Rprop")
 _FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
@@ -62,6 +64,31 @@ def optimizer_class(name):
             f"Received: optimizer={name!r}"
         )
     return cls
+
+
+def default_convention(optimizer):
+    """The convention an optimizer takes when none is given: its constructor's default
+    (``"tf_keras"``; ``"torch"`` for the optimizers only PyTorch has: RAdam, ASGD, Rprop).
+
+    Parameters
+    ----------
+    optimizer : str or type
+        As :func:`optimizer_class`.
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    ValueError
+        As :func:`optimizer_class`.
+    """
+    import inspect
+
+    param = inspect.signature(optimizer_class(optimizer).__init__).parameters.get("convention")
+    default = param.default if param is not None else None
+    return default if isinstance(default, str) else "tf_keras"
 
 
 def _check_config(config):
@@ -140,8 +167,8 @@ class Trajectory:
         ``gradients[k][i]`` is the gradient of variable ``i`` at step ``k + 1``: an ndarray of
         the variable's shape or an :class:`~refopt.IndexedSlices` with
         ``dense_shape == variable.shape``, in ``dtype``.
-    convention : str, default "tf_keras"
-        Passed to the optimizer (other values raise ``NotImplementedError`` from refopt).
+    convention : str, optional
+        Passed to the optimizer. Default: the optimizer's own (:func:`default_convention`).
 
     Raises
     ------
@@ -156,10 +183,12 @@ class Trajectory:
     dtype: np.dtype
     initial: tuple
     gradients: tuple
-    convention: str = "tf_keras"
+    convention: str = None
 
     def __post_init__(self):
         optimizer_class(self.optimizer)
+        if self.convention is None:
+            object.__setattr__(self, "convention", default_convention(self.optimizer))
         dtype = np.dtype(self.dtype)
         if dtype.name not in _FLOAT_DTYPES:
             raise TypeError(

@@ -12,7 +12,17 @@ from Numba's on-disk cache) on its first call for a dtype.
 """
 
 from refopt.kernels.cpu.adagrad import adagrad_update
+from refopt.kernels.cpu.adadelta import adadelta_update
+from refopt.kernels.cpu.adafactor import adafactor_update
+from refopt.kernels.cpu.lamb import lamb_update
+from refopt.reference.adafactor import AdafactorResult, adafactor_initial_state
+from refopt.reference.lamb import LambResult, lamb_initial_state
 from refopt.kernels.cpu.adam import adam_update
+from refopt.reference.adadelta import AdadeltaResult, adadelta_initial_state
+from refopt.kernels.cpu.adamax import adamax_update
+from refopt.kernels.cpu.nadam import nadam_update
+from refopt.kernels.cpu.asgd import asgd_update
+from refopt.kernels.cpu.rprop import rprop_update
 from refopt.kernels.cpu.clipping import (
     clip_by_global_norm,
     clip_by_norm,
@@ -20,18 +30,52 @@ from refopt.kernels.cpu.clipping import (
     global_norm,
 )
 from refopt.kernels.cpu.ema import ema_update
+from refopt.kernels.cpu.ftrl import ftrl_update
+from refopt.reference.ftrl import FtrlResult, ftrl_initial_state
 from refopt.kernels.cpu.lazy_adam import lazy_adam_update
+from refopt.kernels.cpu.lion import lion_update
+from refopt.kernels.cpu.radam import radam_update
+from refopt.reference.lion import LionResult, lion_initial_state
+from refopt.reference.radam import RAdamResult, radam_initial_state
 from refopt.kernels.cpu.rmsprop import rmsprop_update
 from refopt.kernels.cpu.sgd import sgd_update
 from refopt.kernels.cpu.weight_decay import apply_weight_decay
 from refopt.reference.adagrad import AdagradResult, adagrad_initial_state, initial_accumulator
 from refopt.reference.adam import AdamResult, adam_scalars
+from refopt.reference.adamax import AdamaxResult, adamax_initial_state
+from refopt.reference.nadam import NadamResult, nadam_initial_state
+from refopt.reference.asgd import ASGDResult, asgd_initial_state
+from refopt.reference.rprop import RpropResult, rprop_initial_state
 from refopt.reference.rmsprop import RMSpropResult, initial_velocity, rmsprop_initial_state
 from refopt.reference.sgd import SGDResult
 
 __all__ = [
+    "FtrlResult",
+    "ftrl_initial_state",
+    "ftrl_update",
+    "AdadeltaResult",
+    "adadelta_initial_state",
+    "adadelta_update",
+    "AdafactorResult",
+    "adafactor_initial_state",
+    "adafactor_update",
+    "LambResult",
+    "lamb_initial_state",
+    "lamb_update",
     "AdagradResult",
     "AdamResult",
+    "AdamaxResult",
+    "adamax_initial_state",
+    "adamax_update",
+    "NadamResult",
+    "nadam_initial_state",
+    "nadam_update",
+    "ASGDResult",
+    "asgd_initial_state",
+    "asgd_update",
+    "RpropResult",
+    "rprop_initial_state",
+    "rprop_update",
     "RMSpropResult",
     "SGDResult",
     "adagrad_initial_state",
@@ -47,6 +91,12 @@ __all__ = [
     "initial_accumulator",
     "initial_velocity",
     "lazy_adam_update",
+    "LionResult",
+    "lion_initial_state",
+    "lion_update",
+    "RAdamResult",
+    "radam_initial_state",
+    "radam_update",
     "rmsprop_initial_state",
     "rmsprop_update",
     "sgd_update",

@@ -58,7 +58,17 @@ from refopt.kernels.cuda._launch import (  # noqa: F401  (the launchers, public 
     zeros_like,
 )
 from refopt.kernels.cuda.adagrad import adagrad_update
+from refopt.kernels.cuda.adadelta import adadelta_update
+from refopt.kernels.cuda.adafactor import adafactor_update
+from refopt.kernels.cuda.lamb import lamb_update
+from refopt.reference.adafactor import AdafactorResult, adafactor_initial_state
+from refopt.reference.lamb import LambResult, lamb_initial_state
 from refopt.kernels.cuda.adam import adam_update
+from refopt.reference.adadelta import AdadeltaResult, adadelta_initial_state
+from refopt.kernels.cuda.adamax import adamax_update
+from refopt.kernels.cuda.nadam import nadam_update
+from refopt.kernels.cuda.asgd import asgd_update
+from refopt.kernels.cuda.rprop import rprop_update
 from refopt.kernels.cuda.clipping import (
     clip_by_global_norm,
     clip_by_norm,
@@ -66,19 +76,53 @@ from refopt.kernels.cuda.clipping import (
     global_norm,
 )
 from refopt.kernels.cuda.ema import ema_update
+from refopt.kernels.cuda.ftrl import ftrl_update
+from refopt.reference.ftrl import FtrlResult, ftrl_initial_state
 from refopt.kernels.cuda.lazy_adam import lazy_adam_update
+from refopt.kernels.cuda.lion import lion_update
+from refopt.kernels.cuda.radam import radam_update
+from refopt.reference.lion import LionResult, lion_initial_state
+from refopt.reference.radam import RAdamResult, radam_initial_state
 from refopt.kernels.cuda.rmsprop import rmsprop_update
 from refopt.kernels.cuda.sgd import sgd_update
 from refopt.kernels.cuda.weight_decay import apply_weight_decay
 from refopt.reference.adagrad import AdagradResult, adagrad_initial_state, initial_accumulator
 from refopt.reference.adam import AdamResult, adam_scalars
+from refopt.reference.adamax import AdamaxResult, adamax_initial_state
+from refopt.reference.nadam import NadamResult, nadam_initial_state
+from refopt.reference.asgd import ASGDResult, asgd_initial_state
+from refopt.reference.rprop import RpropResult, rprop_initial_state
 from refopt.reference.rmsprop import RMSpropResult, initial_velocity, rmsprop_initial_state
 from refopt.reference.sgd import SGDResult
 
 __all__ = [
+    "FtrlResult",
+    "ftrl_initial_state",
+    "ftrl_update",
+    "AdadeltaResult",
+    "adadelta_initial_state",
+    "adadelta_update",
+    "AdafactorResult",
+    "adafactor_initial_state",
+    "adafactor_update",
+    "LambResult",
+    "lamb_initial_state",
+    "lamb_update",
     "DTYPES",
     "AdagradResult",
     "AdamResult",
+    "AdamaxResult",
+    "adamax_initial_state",
+    "adamax_update",
+    "NadamResult",
+    "nadam_initial_state",
+    "nadam_update",
+    "ASGDResult",
+    "asgd_initial_state",
+    "asgd_update",
+    "RpropResult",
+    "rprop_initial_state",
+    "rprop_update",
     "RMSpropResult",
     "SGDResult",
     "Segments",
@@ -107,6 +151,12 @@ __all__ = [
     "is_device_array",
     "lazy_adam_rows",
     "lazy_adam_update",
+    "LionResult",
+    "lion_initial_state",
+    "lion_update",
+    "RAdamResult",
+    "radam_initial_state",
+    "radam_update",
     "rmsprop_initial_state",
     "rmsprop_update",
     "require_device",

@@ -353,6 +353,53 @@ def rule_variants(dtype=np.float32, rmsprop=False):
             if conv.adagrad_form not in ("keras3", "optax"):  # lazy rows where sparse is
                 add(f"{name} Adagrad rows", refopt.Adagrad(learning_rate=0.01,
                                                            convention=name), rows=True)
+        if conv.adamax_form != "none":  # one build per form (tf_keras and Keras 3 share one)
+            add(f"{name} Adamax", refopt.Adamax(learning_rate=0.01, convention=name))
+            if conv.adamax_form == "keras2":  # the only lazy form
+                add(f"{name} Adamax rows", refopt.Adamax(learning_rate=0.01, convention=name),
+                    rows=True)
+        if conv.nadam_form != "none":  # one build per form (tf_keras and Keras 3 share one)
+            add(f"{name} Nadam", refopt.Nadam(learning_rate=0.01, convention=name))
+        if conv.asgd_form != "none":  # one build: t0=0 averages from step 3 (the ax update)
+            add(f"{name} ASGD", refopt.ASGD(t0=0.0, convention=name))
+        if conv.rprop_form != "none":  # one build
+            add(f"{name} Rprop", refopt.Rprop(convention=name))
+        if conv.lion_form != "none":  # one build per form (tf_keras and Keras 3 share one;
+            # optax's with its decay inside the update)
+            add(f"{name} Lion", refopt.Lion(learning_rate=0.01, convention=name,
+                                            weight_decay=1e-3 if name == "optax" else None))
+        if conv.lamb_form != "none":  # one build per form: the phase with the moments
+            from refopt.rules.lamb import direction_call
+
+            direct(f"{name} Lamb direction", direction_call(
+                dtype, conv, beta_1=0.9, beta_2=0.999, epsilon=1e-6, step=3,
+                eps_root=1e-8 if name == "optax" else None,
+                weight_decay=1e-3 if name == "optax" else None))
+        if conv.adafactor_form != "none" and (
+                conv.adafactor_form in ("keras3", "torch") or with_rsqrt):
+            # one build per form: the direction phase of a vector (tf_keras and optax: rsqrt)
+            from refopt.rules import RuleCall, flags, scalars
+            from refopt.rules.adafactor import ADAFACTOR_DIRECTION, FORMS as AF_FORMS
+
+            direct(f"{name} Adafactor direction", RuleCall(
+                ADAFACTOR_DIRECTION, scalars(dtype, [0.5, 0.5, 1e-30, 1, 1e-14, 0.3, -0.7]),
+                flags([AF_FORMS[conv.adafactor_form], 0, 1])))
+        if conv.radam_form != "none":  # one build per form, a rectified step (t = 10)
+            from refopt.rules.radam import radam_call
+
+            direct(f"{name} RAdam", radam_call(dtype, conv, learning_rate=0.01, beta_1=0.9,
+                                               beta_2=0.999, epsilon=1e-8, step=10))
+        # Adadelta: one build per form (Keras 2 and TF1 share the kernel's; their lazy rows
+        # are the same rule); the TF kernel's and optax's use rsqrt
+        if conv.adadelta_form != "none" and (
+                conv.adadelta_form not in ("keras2", "tf1", "optax") or with_rsqrt):
+            add(f"{name} Adadelta", refopt.Adadelta(learning_rate=1.0, convention=name))
+        if conv.ftrl_form == "keras2":  # Ftrl's rule: the kernels' (Keras 2 = TF1), one build
+            add(f"{name} Ftrl", refopt.Ftrl(convention=name))  # each for dense and rows
+            from refopt.rules.ftrl import ftrl_call
+
+            direct(f"{name} Ftrl rows", ftrl_call(dtype, conv, learning_rate=0.01,
+                                                  lazy_rows=True, row_width=4), kind="rows")
         if with_rsqrt or conv.rmsprop_form in ("keras3", "keras2", "torch"):
             add(f"{name} RMSprop", refopt.RMSprop(learning_rate=0.01, **base))
             add(f"{name} RMSprop centered momentum",
