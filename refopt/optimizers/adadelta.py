@@ -14,6 +14,8 @@ from refopt.optimizers.base import (
     Optimizer,
     _check_convention,
     check_real,
+    default_learning_rate,
+    optimizer_form,
 )
 
 __all__ = ["Adadelta"]
@@ -88,20 +90,12 @@ class Adadelta(Optimizer):
         from refopt.reference.adadelta import adadelta_defaults
 
         conv = _check_convention(convention)
-        if conv.adadelta_form == "none":
-            raise ValueError(
-                f"Adadelta does not exist under convention={conv.name!r} ({conv.framework}): "
-                "its adadelta_form is 'none'"
-            )
+        optimizer_form(conv, "Adadelta")
         defaults = adadelta_defaults(conv)
-        if learning_rate is None:
-            learning_rate = defaults["learning_rate"]
-            if learning_rate is None:
-                raise TypeError(
-                    f"Adadelta under convention={conv.name!r} needs a `learning_rate` (optax's "
-                    "adadelta(learning_rate=None) does not scale the update at all, so "
-                    "apply_updates would climb the gradient). Received: learning_rate=None"
-                )
+        learning_rate = default_learning_rate(
+            learning_rate, defaults, conv, "Adadelta",
+            why=("optax's adadelta(learning_rate=None) does not scale the update at all, "
+                 "so apply_updates would climb the gradient"))
         if rho is None:
             rho = defaults["rho"]
         self.rho = check_real("rho", rho, low=0, high=1)

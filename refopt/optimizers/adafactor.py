@@ -17,6 +17,7 @@ from refopt.optimizers.base import (
     _check_convention,
     check_bool,
     check_real,
+    optimizer_form,
 )
 
 __all__ = ["Adafactor"]
@@ -119,12 +120,7 @@ class Adafactor(Optimizer):
         from refopt.reference.adafactor import OPTAX_ONLY, adafactor_defaults
 
         conv = _check_convention(convention)
-        form = conv.adafactor_form
-        if form == "none":
-            raise ValueError(
-                f"Adafactor does not exist under convention={conv.name!r} ({conv.framework} "
-                "has no Adafactor); use convention='tf_keras', 'keras3', 'torch' or 'optax'."
-            )
+        form = optimizer_form(conv, "Adafactor")
         defaults = adafactor_defaults(conv)
         if learning_rate is None:
             learning_rate = 1.0 if form == "optax" else defaults["learning_rate"]

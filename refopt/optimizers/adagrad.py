@@ -16,6 +16,7 @@ from refopt.optimizers.base import (
     Optimizer,
     _check_convention,
     check_real,
+    default_learning_rate,
 )
 
 __all__ = ["Adagrad"]
@@ -91,13 +92,7 @@ class Adagrad(Optimizer):
         conv = _check_convention(convention)
         form = conv.adagrad_form
         defaults = adagrad_defaults(conv)
-        if learning_rate is None:
-            learning_rate = defaults["learning_rate"]
-            if learning_rate is None:
-                raise TypeError(
-                    f"Adagrad under convention={conv.name!r} needs a `learning_rate` (that "
-                    "framework's Adagrad has no default). Received: learning_rate=None"
-                )
+        learning_rate = default_learning_rate(learning_rate, defaults, conv, "Adagrad")
         if initial_accumulator_value is None:
             initial_accumulator_value = defaults["initial_accumulator_value"]
         self.initial_accumulator_value = check_real(

@@ -15,6 +15,8 @@ from refopt.optimizers.base import (
     Optimizer,
     _check_convention,
     check_real,
+    default_learning_rate,
+    optimizer_form,
 )
 
 __all__ = ["Adamax"]
@@ -85,21 +87,11 @@ class Adamax(Optimizer):
         **kwargs,
     ):
         conv = _check_convention(convention)
-        if conv.adamax_form == "none":
-            raise ValueError(
-                f"Adamax does not exist under convention={conv.name!r} ({conv.framework} has "
-                "no Adamax optimizer)."
-            )
+        optimizer_form(conv, "Adamax")
         from refopt.reference.adamax import adamax_defaults
 
         defaults = adamax_defaults(conv)
-        if learning_rate is None:
-            learning_rate = defaults["learning_rate"]
-            if learning_rate is None:
-                raise TypeError(
-                    f"Adamax under convention={conv.name!r} needs a `learning_rate` (that "
-                    "framework's Adamax has no default). Received: learning_rate=None"
-                )
+        learning_rate = default_learning_rate(learning_rate, defaults, conv, "Adamax")
         self.beta_1 = check_real("beta_1", beta_1, low=0, high=1, high_open=True)
         self.beta_2 = check_real("beta_2", beta_2, low=0, high=1, high_open=True)
         if epsilon is None or (conv.epsilon_zero_is_default and epsilon == 0):

@@ -15,6 +15,7 @@ from refopt.optimizers.base import (
     Optimizer,
     _check_convention,
     check_real,
+    optimizer_form,
 )
 
 __all__ = ["ASGD"]
@@ -84,12 +85,7 @@ class ASGD(Optimizer):
         **kwargs,
     ):
         conv = _check_convention(convention)
-        if conv.asgd_form == "none":
-            raise ValueError(
-                f"ASGD does not exist under convention={conv.name!r} ({conv.framework} has "
-                "no ASGD; only PyTorch does). Received: "
-                f"convention={conv.name!r}"
-            )
+        optimizer_form(conv, "ASGD")
         from refopt.reference.asgd import asgd_defaults
 
         defaults = asgd_defaults(conv)

@@ -126,6 +126,48 @@ def _check_convention(convention):
     return get_convention(convention)
 
 
+def optimizer_form(conv, optimizer):
+    """The form of ``optimizer`` under ``conv`` (its ``<optimizer>_form`` knob, e.g.
+    ``conv.adamax_form``).
+
+    Raises
+    ------
+    ValueError
+        Where the convention's framework has no such optimizer (the knob is ``"none"``),
+        naming both and the conventions that have it.
+    """
+    from refopt.conventions import PRESETS
+
+    knob = f"{optimizer.lower()}_form"
+    form = getattr(conv, knob)
+    if form == "none":
+        having = [name for name, preset in PRESETS.items() if getattr(preset, knob) != "none"]
+        raise ValueError(
+            f"{optimizer} does not exist under convention={conv.name!r} (its `{knob}` is "
+            f"'none': {conv.framework} has no {optimizer}; the presets that have it: "
+            f"{', '.join(having)}). Received: convention={conv.name!r}")
+    return form
+
+
+def default_learning_rate(learning_rate, defaults, conv, optimizer, why=None):
+    """``learning_rate``, or the convention's default (``defaults["learning_rate"]``).
+
+    Raises
+    ------
+    TypeError
+        Where neither is given (the framework's optimizer has no default learning rate);
+        ``why`` says more where that matters.
+    """
+    if learning_rate is None:
+        learning_rate = defaults["learning_rate"]
+        if learning_rate is None:
+            raise TypeError(
+                f"{optimizer} under convention={conv.name!r} needs a `learning_rate` ("
+                + (why or f"that framework's {optimizer} has no default")
+                + "). Received: learning_rate=None")
+    return learning_rate
+
+
 #: class -> whether its update_rule computes its NumPy update (see Optimizer._rule)
 _HAS_RULE = {}
 

@@ -13,6 +13,8 @@ from refopt.optimizers.base import (
     Optimizer,
     _check_convention,
     check_real,
+    default_learning_rate,
+    optimizer_form,
 )
 
 __all__ = ["Lamb"]
@@ -88,19 +90,9 @@ class Lamb(Optimizer):
         from refopt.reference.lamb import lamb_defaults
 
         conv = _check_convention(convention)
-        if conv.lamb_form == "none":
-            raise ValueError(
-                f"Lamb does not exist under convention={conv.name!r} ({conv.framework} has no "
-                "Lamb); use convention='keras3' or 'optax'."
-            )
+        optimizer_form(conv, "Lamb")
         defaults = lamb_defaults(conv)
-        if learning_rate is None:
-            learning_rate = defaults["learning_rate"]
-            if learning_rate is None:
-                raise TypeError(
-                    f"Lamb under convention={conv.name!r} needs a `learning_rate` (that "
-                    "framework's Lamb has no default). Received: learning_rate=None"
-                )
+        learning_rate = default_learning_rate(learning_rate, defaults, conv, "Lamb")
         self.beta_1 = check_real("beta_1", defaults["beta_1"] if beta_1 is None else beta_1,
                                  low=0, high=1, high_open=True)
         self.beta_2 = check_real("beta_2", defaults["beta_2"] if beta_2 is None else beta_2,

@@ -14,6 +14,8 @@ from refopt.optimizers.base import (
     Optimizer,
     _check_convention,
     check_real,
+    default_learning_rate,
+    optimizer_form,
 )
 
 __all__ = ["Lion"]
@@ -84,22 +86,11 @@ class Lion(Optimizer):
         **kwargs,
     ):
         conv = _check_convention(convention)
-        if conv.lion_form == "none":
-            raise ValueError(
-                f"Lion does not exist under convention={conv.name!r} ({conv.framework} has "
-                "no Lion; Keras 3, tf_keras and optax do). Received: "
-                f"convention={conv.name!r}"
-            )
+        optimizer_form(conv, "Lion")
         from refopt.reference.lion import lion_defaults
 
         defaults = lion_defaults(conv)
-        if learning_rate is None:
-            learning_rate = defaults["learning_rate"]
-            if learning_rate is None:
-                raise TypeError(
-                    f"Lion under convention={conv.name!r} needs a `learning_rate` (optax's "
-                    "lion has no default). Received: learning_rate=None"
-                )
+        learning_rate = default_learning_rate(learning_rate, defaults, conv, "Lion")
         self.beta_1 = check_real("beta_1", beta_1, low=0, high=1, low_open=True)
         self.beta_2 = check_real("beta_2", beta_2, low=0, high=1)
         if weight_decay is None:

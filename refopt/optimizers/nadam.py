@@ -15,6 +15,8 @@ from refopt.optimizers.base import (
     _check_convention,
     check_bool,
     check_real,
+    default_learning_rate,
+    optimizer_form,
 )
 
 __all__ = ["Nadam"]
@@ -100,20 +102,9 @@ class Nadam(Optimizer):
         from refopt.reference.nadam import nadam_defaults
 
         conv = _check_convention(convention)
-        form = conv.nadam_form
-        if form == "none":
-            raise ValueError(
-                f"Nadam does not exist under convention={conv.name!r} ({conv.framework} has "
-                "no Nadam optimizer)."
-            )
+        form = optimizer_form(conv, "Nadam")
         defaults = nadam_defaults(conv)
-        if learning_rate is None:
-            learning_rate = defaults["learning_rate"]
-            if learning_rate is None:
-                raise TypeError(
-                    f"Nadam under convention={conv.name!r} needs a `learning_rate` (that "
-                    "framework's Nadam has no default). Received: learning_rate=None"
-                )
+        learning_rate = default_learning_rate(learning_rate, defaults, conv, "Nadam")
         if form == "keras2" and isinstance(learning_rate, _schedules.LearningRateSchedule):
             raise ValueError(
                 "convention='keras2': Keras 2's legacy Nadam does not support learning-rate "

@@ -16,6 +16,8 @@ from refopt.optimizers.base import (
     _check_convention,
     check_bool,
     check_real,
+    default_learning_rate,
+    optimizer_form,
 )
 
 __all__ = ["RAdam"]
@@ -93,23 +95,11 @@ class RAdam(Optimizer):
         **kwargs,
     ):
         conv = _check_convention(convention)
-        form = conv.radam_form
-        if form == "none":
-            raise ValueError(
-                f"RAdam does not exist under convention={conv.name!r} ({conv.framework} "
-                "has no RAdam; PyTorch and optax do). Received: "
-                f"convention={conv.name!r}"
-            )
+        form = optimizer_form(conv, "RAdam")
         from refopt.reference.radam import radam_defaults
 
         defaults = radam_defaults(conv)
-        if learning_rate is None:
-            learning_rate = defaults["learning_rate"]
-            if learning_rate is None:
-                raise TypeError(
-                    f"RAdam under convention={conv.name!r} needs a `learning_rate` (optax's "
-                    "radam has no default). Received: learning_rate=None"
-                )
+        learning_rate = default_learning_rate(learning_rate, defaults, conv, "RAdam")
         self.beta_1 = check_real("beta_1", beta_1, low=0, high=1, high_open=True)
         self.beta_2 = check_real("beta_2", beta_2, low=0, high=1, high_open=True)
         if epsilon is None:

@@ -16,6 +16,7 @@ from refopt.optimizers.base import (
     _check_convention,
     check_bool,
     check_real,
+    default_learning_rate,
 )
 
 __all__ = ["RMSprop"]
@@ -90,13 +91,7 @@ class RMSprop(Optimizer):
 
         conv = _check_convention(convention)
         defaults = rmsprop_defaults(conv)
-        if learning_rate is None:
-            learning_rate = defaults["learning_rate"]
-            if learning_rate is None:
-                raise TypeError(
-                    f"RMSprop under convention={conv.name!r} needs a `learning_rate` (that "
-                    "framework's RMSprop has no default). Received: learning_rate=None"
-                )
+        learning_rate = default_learning_rate(learning_rate, defaults, conv, "RMSprop")
         self.rho = check_real("rho", defaults["rho"] if rho is None else rho, low=0, high=1)
         self.momentum = check_real("momentum", momentum, low=0)
         if epsilon is None or (conv.epsilon_zero_is_default and epsilon == 0):

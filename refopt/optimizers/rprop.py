@@ -13,6 +13,7 @@ from refopt.optimizers.base import (
     BASE_KWARGS_DOC,
     Optimizer,
     _check_convention,
+    optimizer_form,
 )
 
 __all__ = ["Rprop"]
@@ -74,12 +75,7 @@ class Rprop(Optimizer):
         **kwargs,
     ):
         conv = _check_convention(convention)
-        if conv.rprop_form == "none":
-            raise ValueError(
-                f"Rprop does not exist under convention={conv.name!r} ({conv.framework} has "
-                "no Rprop; only PyTorch does). Received: "
-                f"convention={conv.name!r}"
-            )
+        optimizer_form(conv, "Rprop")
         from refopt.reference.rprop import check_etas, check_step_sizes, rprop_defaults
 
         defaults = rprop_defaults(conv)
