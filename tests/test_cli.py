@@ -227,14 +227,15 @@ def test_demo_via_main_trains_and_writes_npz(tmp_path, capsys):
     ("SGD", False, "a row absent from a batch does not move"),  # momentum 0: nothing carries
     # the accumulators decay, the step is a multiple of the zero gradient
     ("Adadelta", False, "a row absent from a batch does not move; its slots change"),
-    # tf_keras' Ftrl densifies: a row never seen is recomputed from z = 0, i.e. set to 0
-    ("Ftrl", False, "a row no batch has touched yet moves on the first step only"),
+    # the demo's Ftrl is Keras 2's sparse apply (tf_keras' densifies and zeroes every row)
+    ("Ftrl", True, "the other rows and their slots stay as they are"),
 ])
 def test_demo_optimizer_trains_and_says_how_it_updates_rows(name, lazy, detail, capsys):
     assert main(["demo", *SMALL, "--optimizer", name, "--no-compare", "--words", "the"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"refopt demo: word2vec skip-gram with negative sampling, {name} ")
-    expected = f"sparse      {name} is lazy here" if lazy else f"sparse      {name} is not lazy"
+    shown = f"{name} (keras2)" if name == "Ftrl" else name
+    expected = f"sparse      {shown} is lazy here" if lazy else f"sparse      {shown} is not lazy"
     assert expected in out and detail in out
     assert "loss        fell" in out and f" {name} steps)" in out
 
@@ -390,3 +391,15 @@ def test_cpu_and_reference_training_give_identical_embeddings():
     a = train_skipgram(tokens, epochs=2, dim=8, backend="cpu")
     b = train_skipgram(tokens, epochs=2, dim=8, backend="reference")
     assert np.array_equal(a.embeddings, b.embeddings) and a.losses == b.losses
+
+
+def test_sparse_update_line_for_tf_keras_ftrl_says_untouched_rows_move_once():
+    # tf_keras' Ftrl densifies an IndexedSlices gradient and recomputes every weight from its
+    # linear term: a row no batch has touched is set on the first step (to 0), then stays.
+    from refopt.demo import sparse_update
+
+    import refopt
+
+    line = sparse_update(refopt.Ftrl(learning_rate=0.1))
+    assert line.startswith("Ftrl is not lazy here") and \
+        "a row no batch has touched yet moves on the first step only" in line

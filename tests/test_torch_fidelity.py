@@ -47,3 +47,19 @@ def test_torch_adagrad_checkpoint_loads_into_torchs_default_lr_decay(tmp_path):
     load_checkpoint(tmp_path / "a.npz", refopt.Adagrad(learning_rate=0.1, convention="torch",
                                                         lr_decay=0.0), [w2])
     np.testing.assert_array_equal(w2, w)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("name, expected", [
+    # torch 2.13: NAdam / RAdam(lr=0.1, weight_decay=0.1, decoupled_weight_decay=True) on
+    # torch.tensor(1.0) with grad 0.5, one step (a user found a 0-d variable raising TypeError
+    # here: the decoupled decay returned a NumPy scalar)
+    ("Nadam", 0.884354829788208),
+    ("RAdam", 0.9399999976158142),
+])
+def test_decoupled_decay_on_a_0d_variable_is_torchs(name, expected, backend):
+    w = np.array(1.0, np.float32)
+    opt = getattr(refopt, name)(learning_rate=0.1, weight_decay=0.1, decoupled_weight_decay=True,
+                                convention="torch", backend=backend)
+    opt.apply_gradients([(np.array(0.5, np.float32), w)])
+    assert w.shape == () and w == np.float32(expected)

@@ -191,14 +191,18 @@ class Ftrl(Optimizer):
 
     def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
                     optax_weight_decay=None, row_width=None):
-        """The fast paths' rule for one step (see :meth:`Optimizer.update_rule`); None where
-        the step needs ``pow`` (see :func:`refopt.rules.ftrl.ftrl_call`)."""
+        """The fast paths' rule for one step (see :meth:`Optimizer.update_rule`). A step that
+        needs the C library's ``pow`` (tf_keras and Keras 3 always, the kernels at a power
+        other than 0.5 and on one-element rows) has a rule on ``backend="cpu"`` only: elsewhere
+        (``"cuda"``, whose executor then takes its host step) None (see
+        :func:`refopt.rules.ftrl.ftrl_call`)."""
         try:
             from refopt.rules.ftrl import ftrl_call
         except ImportError:  # pragma: no cover - the rule module is optional
             return None
         return ftrl_call(dtype, self.convention, learning_rate=learning_rate,
-                         lazy_rows=lazy_rows, row_width=row_width, **self._hyper())
+                         lazy_rows=lazy_rows, row_width=row_width,
+                         allow_pow=self.backend == "cpu", **self._hyper())
 
     def get_config(self):
         config = super().get_config()

@@ -285,7 +285,9 @@ def lazy_rows_torch(rows_param, rows_grad, rows_m, rows_v, *, learning_rate, bet
 
 def decay_torch(param, *, learning_rate, weight_decay):
     """PyTorch ``AdamW``'s decoupled decay: ``w * dtype(1 - lr*wd)`` (the factor in float64)."""
-    return param * scalar(param.dtype, 1.0 - float(learning_rate) * float(weight_decay))
+    # np.asarray: a 0-d variable times a scalar is a NumPy scalar, not an array
+    factor = scalar(param.dtype, 1.0 - float(learning_rate) * float(weight_decay))
+    return np.asarray(param * factor)
 
 
 def l2_torch(grad, param, weight_decay):

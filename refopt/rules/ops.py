@@ -23,6 +23,12 @@ with Dekker's product and Knuth's sum (error-free transformations, falling back 
 ``a * b + c`` where they overflow). So every backend gives the same bits,
 which the property tests check.
 
+:func:`cpow` is the C library's ``powf``/``pow`` (:func:`refopt.reference.ftrl.c_pow`, as
+TensorFlow's scalar ``pow``), on the CPU target only: Numba lowers ``math.pow`` on float32 and
+float64 to one call of ``powf``/``pow`` per element (no vector library: ``USING_SVML`` is
+False; :data:`CPU_POW` says whether the fast paths may use it). CUDA has no libm-identical
+``pow``: it has no CUDA implementation, so a rule that calls it is never compiled for a GPU.
+
 ``maximum``/``minimum`` are NumPy's: a NaN on either side propagates; of two equal values
 (``+0.0``, ``-0.0``) the float32/float64 loops return the second operand and the float16
 loops the first.
@@ -36,8 +42,8 @@ import numpy as np
 from numba import types
 from numba.core.extending import overload, register_jitable
 
-__all__ = ["add", "sub", "mul", "div", "sqrt", "fma", "rsqrt", "maximum", "minimum",
-           "register_cuda"]
+__all__ = ["add", "sub", "mul", "div", "sqrt", "fma", "rsqrt", "maximum", "minimum", "cpow",
+           "CPU_POW", "register_cuda"]
 
 _SPLIT = 134217729.0  # 2**27 + 1 (Veltkamp)
 
@@ -174,6 +180,53 @@ def rsqrt(x):
         return _rsqrt16(x)
 
 
+# ----------------------------------------------------------------------------- pow
+def cpow(x, y):
+    """``x ** y`` by the C library's ``powf`` (float32; float16: on the float32 values,
+    rounded) or ``pow`` (float64): :func:`refopt.reference.ftrl.c_pow` on one element.
+
+    CPU target only (see the module docstring); rules that call it must be refused on CUDA.
+    """
+    from refopt import _libm
+
+    dt = np.result_type(np.asarray(x).dtype, np.asarray(y).dtype)
+    with np.errstate(all="ignore"):
+        return _libm.power(dt, x, y)
+
+
+def _cpu_pow_is_libm():
+    import sys
+
+    import numba
+
+    from refopt import _libm
+
+    # the reference calls the C library through ctypes; Numba's math.pow calls the same
+    # symbols of the same (glibc) library, element by element, where no vector library
+    # replaces them. Elsewhere the fast paths keep the reference's step.
+    return bool(_libm.HAVE_LIBM and sys.platform.startswith("linux")
+                and not getattr(numba.config, "USING_SVML", False))
+
+
+#: Whether :func:`cpow` compiled for the CPU gives the reference's bits (the rules that call
+#: it are offered only then).
+CPU_POW = _cpu_pow_is_libm()
+
+
+def _cpow_overload(x, y):
+    if x == types.float32 and y == types.float32:
+        def f32(x, y):
+            # c_pow hands powf Python floats: a signalling NaN arrives quietened, so
+            # pow(sNaN, 0) and pow(1, sNaN) give 1 there (powf itself: NaN). The same here.
+            if y == 0 or x == 1:
+                return np.float32(1.0)
+            return math.pow(x, y)
+        return f32
+    if x == types.float64 and y == types.float64:
+        return lambda x, y: math.pow(x, y)
+    return None
+
+
 # ----------------------------------------------------------------------------- CPU
 def _float(t):
     return isinstance(t, types.Float)
@@ -283,6 +336,9 @@ overload(rsqrt, target="cpu")(_rsqrt_overload)
 @overload(fma, target="cpu")
 def _fma_cpu(a, b, c):
     return _fma_impl(_fma_kind(a, b, c), mul, add, sub)
+
+
+overload(cpow, target="cpu")(_cpow_overload)
 
 
 # ----------------------------------------------------------------------------- CUDA

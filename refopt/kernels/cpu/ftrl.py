@@ -1,10 +1,11 @@
 """FTRL on the CPU: :func:`refopt.reference.ftrl_update`, computed by the rule-built kernel.
 
-The update is :mod:`refopt.rules.ftrl` (the same rule ``backend="cpu"`` optimizers run) where
-it exists (``learning_rate_power == -0.5``); the arguments are checked by the reference's own
-checks, so the errors are the same. float16, another power and Keras 3's unsummed duplicates
-are computed by the reference (Numba has no float16 arithmetic on the CPU; the rule has no
-``pow``).
+The update is :mod:`refopt.rules.ftrl` (the same rule ``backend="cpu"`` optimizers run), every
+form and power: where the framework calls ``pow`` the rule calls the C library's, as the
+reference does (:func:`refopt.rules.ops.cpow`); the arguments are checked by the reference's
+own checks, so the errors are the same. float16 and Keras 3's unsummed duplicates
+(``keras3_sparse_square``) are computed by the reference (Numba has no float16 arithmetic on
+the CPU), and so is every ``pow`` form where :data:`refopt.rules.ops.CPU_POW` is False.
 """
 
 from __future__ import annotations
@@ -32,4 +33,4 @@ def ftrl_update(param, grad, accumulator, linear, *, learning_rate, learning_rat
     from refopt.kernels.cpu.drivers import apply
     from refopt.rules.ftrl import pure_update
 
-    return pure_update(apply, param, grad, accumulator, linear, **kw)
+    return pure_update(apply, param, grad, accumulator, linear, allow_pow=True, **kw)

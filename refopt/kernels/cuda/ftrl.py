@@ -2,7 +2,8 @@
 
 The update is :mod:`refopt.rules.ftrl` (the same rule ``backend="cuda"`` optimizers run,
 through :func:`refopt.kernels.cuda.drivers.apply`) where it exists
-(``learning_rate_power == -0.5``; otherwise the reference computes it on the host); the
+(Keras 2 and TF1 at ``learning_rate_power == -0.5``; wherever the framework calls ``pow`` the
+reference computes it on the host: no CUDA function gives the C library's bits); the
 arguments are checked by the reference's own checks, so the errors are the same. Host arrays
 in, new host arrays out, as every mirror function of :mod:`refopt.kernels.cuda`.
 """
