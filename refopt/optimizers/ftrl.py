@@ -17,6 +17,8 @@ from refopt.optimizers.base import (
     Optimizer,
     _check_convention,
     check_real,
+    default_learning_rate,
+    optimizer_form,
 )
 
 __all__ = ["Ftrl"]
@@ -99,20 +101,10 @@ class Ftrl(Optimizer):
         **kwargs,
     ):
         conv = _check_convention(convention)
-        form = conv.ftrl_form
-        if form == "none":
-            raise ValueError(
-                f"Ftrl does not exist under convention={conv.name!r} ({conv.framework} has "
-                "no FTRL; only tf_keras, keras3, keras2 and tf1 do). Received: "
-                f"convention={conv.name!r}"
-            )
-        if learning_rate is None:
-            if form == "tf1":
-                raise TypeError(
-                    "Ftrl under convention='tf1' needs a `learning_rate` (TF1's "
-                    "FtrlOptimizer has no default). Received: learning_rate=None"
-                )
-            learning_rate = 0.001
+        form = optimizer_form(conv, "Ftrl")
+        learning_rate = default_learning_rate(
+            learning_rate, {"learning_rate": None if form == "tf1" else 0.001}, conv, "Ftrl",
+            why="TF1's FtrlOptimizer has no default")
         self.learning_rate_power = check_real("learning_rate_power", learning_rate_power,
                                               high=0)
         self.initial_accumulator_value = check_real(
