@@ -303,6 +303,8 @@ def _catalogue():
         ("Rprop", 28, {"convention": "torch"}, "Rprop", {}),
         ("Ftrl", 28, {}, None, {}),
         ("Lamb", 28, {"convention": "keras3"}, None, {}),
+        # on a vector Adafactor keeps one unfactored second moment (torch: in place)
+        ("Adafactor", 20, {"convention": "torch"}, "Adafactor", {}),
     ]
     for name, nbytes, kwargs, tname, tkwargs in more:
         cls = getattr(refopt, name, None)
