@@ -91,11 +91,14 @@ def test_pow_rules_on_the_cpu_only():
                      allow_pow=True) is not None
     assert ftrl_call(F32, conv("tf_keras"), learning_rate=0.1, lazy_rows=True, row_width=4,
                      allow_pow=True) is None  # no lazy rows there
-    for name in KERAS:  # the optimizer asks for pow on backend="cpu" only
-        assert refopt.Ftrl(convention=name, backend="cpu").update_rule(F32, 0.1, 1)
-        assert refopt.Ftrl(convention=name).update_rule(F32, 0.1, 1) is None
-    assert refopt.Ftrl(convention="tf1", learning_rate=0.1,
-                       learning_rate_power=-0.3).update_rule(F64, 0.1, 1) is None
+    for name in KERAS:  # the pow rule names the CPU as its only target
+        rc = refopt.Ftrl(convention=name).update_rule(F32, 0.1, 1)
+        assert rc.rule.name == "ftrl_pow" and rc.rule.targets == ("cpu",)
+    rc = refopt.Ftrl(convention="tf1", learning_rate=0.1,
+                     learning_rate_power=-0.3).update_rule(F64, 0.1, 1)
+    assert rc.rule.targets == ("cpu",)
+    assert refopt.Ftrl(convention="tf1", learning_rate=0.1).update_rule(
+        F64, 0.1, 1).rule.targets == ("cpu", "cuda")  # sqrt at the default power
 
 
 def _pow_inputs(dt, rng):
@@ -372,7 +375,7 @@ def test_cuda_pow_forms_take_the_host_step(conv):
     init = rng.standard_normal((5, 3)).astype(F32)
     host = refopt.Ftrl(**kw)
     dev = refopt.Ftrl(backend="cuda", **kw)
-    assert dev.update_rule(F32, 0.1, 1) is None
+    assert "cuda" not in dev.update_rule(F32, 0.1, 1).rule.targets
     hv, dv = init.copy(), kc.to_device(init)
     g = rng.standard_normal((5, 3)).astype(F32)
     host.apply_gradients([(g, hv)])

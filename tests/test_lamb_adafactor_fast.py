@@ -196,3 +196,124 @@ def test_adafactor_phases_bit_identical(backend, conv, extra):
                 for name, a, e in zip(r_ref._fields, r_fast, r_ref):  # NaN signs aside
                     assert_bits_equal_nan_aware(a, e, f"{backend} {conv} {dtype} {shape} "
                                                       f"step {step} {name}")
+
+
+# The compiled order-defined sums of the CPU phases (refopt/kernels/cpu/_reduce_seq.py) against
+# the reference's readable ones, bit for bit: every size around the packets' and lanes' widths,
+# odd shapes, every axis, and NaN (of either sign), infinities, zeros of both signs,
+# subnormals and values whose squares overflow or underflow. Where NaNs of both signs meet in
+# one sum, which of them propagates is the compiler's choice (NumPy's loops and Numba's code
+# order the operands differently), so those inputs compare with NaN signs aside.
+def _sum_inputs(dtype, rng, nan=np.nan):
+    specials = [nan, nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-310, 1e30, 3e200]
+    for n in (0, 1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 15, 16, 17, 33, 127, 1000, 1003):
+        yield rng.standard_normal(n).astype(dtype)
+        with np.errstate(all="ignore"):  # 3e200 is inf in float32: intended
+            x = (rng.standard_normal(n) * 10.0 ** rng.integers(-45, 39, n)).astype(dtype)
+            if n > 2:
+                x[rng.integers(0, n, 3)] = rng.choice(specials, 3)
+        yield x
+    yield np.zeros(9, dtype)
+    yield np.full(17, -0.0, dtype)
+
+
+def _sum_shapes(n):
+    shapes = [(1, n), (n, 1)]
+    for k in (3, 4, 7, 8):
+        if n and n % k == 0:
+            shapes.append((n // k, k))
+            if (n // k) % 2 == 0:
+                shapes.append((2, n // k // 2, k))
+    return shapes
+
+
+def test_compiled_sums_are_the_reference():
+    from refopt.kernels.cpu import _reduce_seq as S
+    from refopt.reference import adafactor as R
+    from refopt.reference import reductions as RR
+    from refopt.reference.variants import fma
+
+    rng = np.random.default_rng(5)
+    checked = 0
+    cases = [(dtype, nan, mixed) for dtype in (F32, F64)
+             for nan, mixed in ((np.nan, False), (-np.nan, False), (None, True))]
+    for dtype, nan, mixed in cases:
+        for x in _sum_inputs(dtype, rng, np.nan if mixed else nan):
+            if mixed and x.size > 4:
+                x.flat[rng.integers(0, x.size)] = -np.nan
+            e = dtype.type(1e-30)
+            with np.errstate(all="ignore"):
+                pairs = [
+                    ("eigen_sum", S.eigen_sum_map(x), R.eigen_sum(x)),
+                    ("eigen_sum x*x", S.eigen_sum_map(x, S.M_SQ), R.eigen_sum(x * x)),
+                    ("eigen_sum_squares", S.eigen_sum_squares(x), R.eigen_sum(x * x)),
+                    ("xla_sum_squares", S.xla_sum_squares(x), R.xla_sum_squares(x)),
+                    ("xla_sum_squares2", S.xla_sum_squares2(x, x[::-1]),
+                     (R.xla_sum_squares(x), R.xla_sum_squares(x[::-1]))),
+                    ("torch_sum_squares", S.torch_sum_squares(x), RR.torch_sum_squares(x)),
+                    ("torch_vector_norm", S.torch_vector_norm(x), RR.torch_vector_norm(x)),
+                ]
+                for shape in _sum_shapes(x.size):
+                    y = x.reshape(shape)
+                    pairs.append(("eigen rows g*g+e", S.eigen_rows_map(y, S.M_SQ_ADD, e),
+                                  R.eigen_sum_rows(y * y + e)))
+                    pairs.append(("torch rows", S.torch_rows_norm(y),
+                                  R._torch_norm_axis(y, -1)[..., 0]))
+                    for ax in range(y.ndim):
+                        pairs += [
+                            ("seq x", S.seq_axis_map(y, ax), R._seq_sum(y, ax)),
+                            ("seq x*x", S.seq_axis_map(y, ax, S.M_SQ), R._seq_sum(y * y, ax)),
+                            ("seq x*x+e", S.seq_axis_map(y, ax, S.M_SQ_ADD, e),
+                             R._seq_sum(y * y + e, ax)),
+                            ("seq fma", S.seq_axis_map(y, ax, S.M_FMA, e),
+                             R._seq_sum(fma(y, y, e), ax)),
+                        ]
+            for name, got, want in pairs:
+                got, want = np.asarray(got), np.asarray(want)
+                assert got.dtype == want.dtype and got.shape == want.shape, name
+                check = assert_bits_equal_nan_aware if mixed else assert_bits_equal
+                check(got, want, f"{name} {dtype} size {x.size}")
+                checked += 1
+    assert checked > 1500
+
+
+def test_compiled_sums_large_and_parallel():
+    # sizes where the row and column sums run in parallel and the packets' reduction is long
+    from refopt.kernels.cpu import _reduce_seq as S
+    from refopt.reference import adafactor as R
+    from refopt.reference import reductions as RR
+
+    rng = np.random.default_rng(6)
+    for dtype in (F32, F64):
+        x = rng.standard_normal(200_007).astype(dtype)
+        assert_bits_equal(S.eigen_sum_squares(x), R.eigen_sum(x * x), "eigen")
+        assert_bits_equal(S.torch_vector_norm(x), RR.torch_vector_norm(x), "torch")
+        y = x[:200_000].reshape(400, 500)
+        e = dtype.type(1e-30)
+        assert_bits_equal(S.eigen_rows_map(y, S.M_SQ_ADD, e), R.eigen_sum_rows(y * y + e),
+                          "rows")
+        assert_bits_equal(S.seq_axis_map(y, 0, S.M_SQ_ADD, e), R._seq_sum(y * y + e, 0), "cols")
+        assert_bits_equal(S.torch_rows_norm(y), R._torch_norm_axis(y, -1)[:, 0], "torch rows")
+    x = rng.standard_normal(20_001).astype(F32)
+    assert_bits_equal(S.xla_sum_squares(x), R.xla_sum_squares(x), "xla")
+
+
+# Lamb's fused CPU phases on sizes around the packets' width and with non-finite values
+@pytest.mark.parametrize("conv,extra", [("keras3", {}), ("optax", {"weight_decay": 0.1})])
+def test_lamb_cpu_edge_sizes(conv, extra):
+    from refopt.kernels import cpu as k
+
+    rng = np.random.default_rng(8)
+    for dtype in (F32, F64):
+        for shape in ((0,), (1,), (7,), (8,), (9,), (3, 3), (1000,), (7, 11, 13)):
+            w = rng.standard_normal(shape).astype(dtype)
+            g = rng.standard_normal(shape).astype(dtype)
+            if w.size > 4:
+                w.flat[1], g.flat[3] = -0.0, 1e-40
+            m, v = np.zeros_like(w), np.zeros_like(w)
+            kw = dict(learning_rate=0.05, beta_1=0.8, beta_2=0.99, epsilon=1e-6,
+                      convention=conv, step=1, **extra)
+            e = refopt.reference.lamb_update(w, g, m, v, **kw)
+            r = k.lamb_update(w, g, m, v, **kw)
+            for name, a, b in zip(e._fields, r, e):
+                assert_bits_equal(a, b, f"{conv} {dtype} {shape} {name}")

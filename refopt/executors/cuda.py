@@ -564,7 +564,7 @@ def _fused(opt, positions, grads, lr_value, kc):
         if not grp.pos:
             continue
         rc = opt._rule(grp.dtype, lr_value, grp.step, optax_weight_decay=grp.owd)
-        if rc is None or set(rc.rule.slots) != slot_names:
+        if rc is None or "cuda" not in rc.rule.targets or set(rc.rule.slots) != slot_names:
             raise _Fallback(f"{type(opt).__name__} has no rule for this step")
         grp.rc = rc
 
@@ -577,7 +577,8 @@ def _fused(opt, positions, grads, lr_value, kc):
         if how[k] == "rows":
             rc = opt._rule(dt, lr_value, steps[k], lazy_rows=True,
                            row_width=int(np.prod(tuple(d.shape)[1:])))
-            if rc is None or rc.tail_lanes or not set(rc.rule.slots) <= slot_names:
+            if rc is None or "cuda" not in rc.rule.targets or rc.tail_lanes \
+                    or not set(rc.rule.slots) <= slot_names:
                 raise _Fallback(f"{type(opt).__name__} has no row rule for this step")
             if d.size == 0 or np.size(g.indices) == 0:
                 continue

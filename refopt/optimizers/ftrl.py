@@ -185,8 +185,8 @@ class Ftrl(Optimizer):
                     optax_weight_decay=None, row_width=None):
         """The fast paths' rule for one step (see :meth:`Optimizer.update_rule`). A step that
         needs the C library's ``pow`` (tf_keras and Keras 3 always, the kernels at a power
-        other than 0.5 and on one-element rows) has a rule on ``backend="cpu"`` only: elsewhere
-        (``"cuda"``, whose executor then takes its host step) None (see
+        other than 0.5 and on one-element rows) gets :data:`refopt.rules.ftrl.FTRL_POW`,
+        whose ``targets`` is the CPU only (the CUDA executor then takes its host step; see
         :func:`refopt.rules.ftrl.ftrl_call`)."""
         try:
             from refopt.rules.ftrl import ftrl_call
@@ -194,7 +194,7 @@ class Ftrl(Optimizer):
             return None
         return ftrl_call(dtype, self.convention, learning_rate=learning_rate,
                          lazy_rows=lazy_rows, row_width=row_width,
-                         allow_pow=self.backend == "cpu", **self._hyper())
+                         allow_pow=True, **self._hyper())
 
     def get_config(self):
         config = super().get_config()

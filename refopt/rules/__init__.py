@@ -39,8 +39,11 @@ column and RMS means) is written as several ordinary rules and the sums between 
 module-level ``pure_update(apply, ...)`` of its rule module (:func:`refopt.rules.lamb.
 pure_update`): phase 1 is a rule that returns its intermediate (Lamb's direction ``u``) in
 the parameter's place, together with the slots; the sums are taken on the host from that
-intermediate and the variable, in the framework's order (the reference's own reduction
-functions, so the bits are the reference's whatever order the framework uses), and turned
+intermediate and the variable, in the framework's order (by default the reference's own
+reduction functions, so the bits are the reference's whatever order the framework uses; a
+backend passes ``sums=`` with compiled twins doing the same operations in the same order:
+the CPU's are :mod:`refopt.kernels.cpu._reduce_seq`, tested bit for bit against the
+reference's), and turned
 into the next phase's scalars rounded as the framework rounds them; phase 2 is a slot-less
 rule given the intermediate in the gradient's place and those scalars. A per-row or
 per-column value (Adafactor's factors) reaches an element phase as a slot broadcast to the
@@ -81,11 +84,16 @@ class Rule:
         written with :mod:`refopt.rules.ops` (see the module docstring).
     slots : tuple of str
         The slot names the element takes and returns, in order.
+    targets : tuple of str, default ("cpu", "cuda")
+        The fused backends that may run it: a rule using an op only one target has (the
+        CPU's ``cpow``, the C library's ``powf``) names that one; on the others the executor
+        takes its host step.
     """
 
     name: str
     element: Callable
     slots: tuple
+    targets: tuple = ("cpu", "cuda")
 
     @property
     def arity(self):

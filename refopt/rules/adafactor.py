@@ -92,20 +92,94 @@ ADAFACTOR_DIRECTION = Rule("adafactor_direction", adafactor_direction_element,
 ADAFACTOR_STEP = Rule("adafactor_step", adafactor_step_element, ())
 
 
-def _full(a, shape):
+def _full_copy(a, shape):
     return np.ascontiguousarray(np.broadcast_to(a, shape))
 
 
+class _HostSums:
+    """The sums of the phases, by the reference's own functions (readable NumPy): the default
+    ``sums`` of :func:`pure_update` and :func:`refopt.rules.lamb.pure_update`. A backend may
+    hand its own with the same bits (``refopt.kernels.cpu._reduce_seq.SUMS``, compiled)."""
+
+    @staticmethod
+    def eigen_sum_squares(x):
+        from refopt.reference.adafactor import eigen_sum
+
+        return eigen_sum(x * x)
+
+    @staticmethod
+    def xla_sum_squares(x):
+        from refopt.reference.adafactor import xla_sum_squares
+
+        return xla_sum_squares(x)
+
+    @staticmethod
+    def torch_vector_norm(x):
+        from refopt.reference.reductions import torch_vector_norm
+
+        return torch_vector_norm(x)
+
+    @staticmethod
+    def xla_sum_squares2(x, y):
+        from refopt.reference.adafactor import xla_sum_squares
+
+        return xla_sum_squares(x), xla_sum_squares(y)
+
+    @staticmethod
+    def eigen_rows_sq_add(g, e):
+        from refopt.reference.adafactor import eigen_sum_rows
+
+        return eigen_sum_rows(g * g + e)
+
+    @staticmethod
+    def seq_sum_sq_add(g, e, axis):
+        from refopt.reference.adafactor import _seq_sum
+
+        return _seq_sum(g * g + e, axis)
+
+    @staticmethod
+    def seq_sum_fma(g, e, axis):
+        from refopt.reference.adafactor import _seq_sum, fma
+
+        return _seq_sum(fma(g, g, e), axis)
+
+    @staticmethod
+    def seq_sum_sq(g, axis):
+        from refopt.reference.adafactor import _seq_sum
+
+        return _seq_sum(g * g, axis)
+
+    @staticmethod
+    def torch_rows_norm(g):
+        from refopt.reference.adafactor import _torch_norm_axis
+
+        return _torch_norm_axis(g, -1)[..., 0]
+
+
+HOST_SUMS = _HostSums()
+
+
 def pure_update(apply, param, grad, velocity_row, velocity_col, velocity, *, learning_rate,
-                step, convention=None, **options):
+                step, convention=None, sums=None, **options):
     """:func:`refopt.reference.adafactor_update` in phases with a backend's ``apply(call,
     param, grad, slots) -> (param, slots)``: the reference's checks, the host's means (the
     reference's functions), the direction, the host's clip, the step. Returns an
-    ``AdafactorResult``."""
+    ``AdafactorResult``. ``sums``: the means' sums (default :data:`HOST_SUMS`, the
+    reference's functions; the CPU's compiled ones have the same bits)."""
     from refopt import _libm
     from refopt.reference import adafactor as R
     from refopt.reference._common import lr_cast, scalar, tf_cast
-    from refopt.reference.reductions import torch_vector_norm
+
+    S = HOST_SUMS if sums is None else sums
+
+    def rms_tf(x):  # the reference's _rms_tf
+        return np.sqrt(x.dtype.type(S.eigen_sum_squares(x) / scalar(x.dtype, x.size)))
+
+    squares = {}  # sums of squares taken ahead (two chains in one pass: xla_sum_squares2)
+
+    def xla_mean_squares(x):  # the reference's _xla_mean_squares
+        ssq = squares.pop(id(x)) if id(x) in squares else S.xla_sum_squares(x)
+        return x.dtype.type(ssq * (scalar(x.dtype, 1) / scalar(x.dtype, np.size(x))))
 
     options = dict(dict.fromkeys(("beta_2_decay", "epsilon_1", "epsilon_2", "clip_threshold",
                                   "weight_decay", "min_dim_size_to_factor", "decay_offset",
@@ -120,17 +194,23 @@ def pure_update(apply, param, grad, velocity_row, velocity_col, velocity, *, lea
     dsc = [0] * 7
     ssc = [0] * 7
     fl = [FORMS[form]] + [0] * 6
-    zeros = np.zeros(shape, dt)
+    # a backend whose apply takes broadcast (read-only) views of the slots gets the factors
+    # and the zero slots unexpanded (``apply.takes_views``, the CPU's); others full arrays
+    views = getattr(apply, "takes_views", False)
+    _full = np.broadcast_to if views else _full_copy
+    zeros = np.broadcast_to(dt.type(0), shape) if views else np.zeros(shape, dt)
     with np.errstate(all="ignore"):
         if form in ("tf_keras", "keras3"):
             tt = scalar(dt, step)
             rho = min(lr_cast(dt, learning_rate), one / np.sqrt(tt))
-            alpha = np.maximum(tf_cast(dt, o["epsilon_2"]), R._rms_tf(w)) * rho
+            alpha = np.maximum(tf_cast(dt, o["epsilon_2"]), rms_tf(w)) * rho
             b2t = one - _libm.power(dt, tt, scalar(dt, o["beta_2_decay"]))
             if w.ndim >= 2:
-                gsq = g * g + scalar(dt, o["epsilon_1"])
-                r = b2t * r + (one - b2t) * R._mean(gsq, -1, eigen=True)
-                c = b2t * c + (one - b2t) * R._mean(gsq, -2)
+                e1 = scalar(dt, o["epsilon_1"])  # the means of g*g + e1
+                r = b2t * r + (one - b2t) * (S.eigen_rows_sq_add(g, e1)
+                                             / scalar(dt, g.shape[-1]))
+                c = b2t * c + (one - b2t) * (S.seq_sum_sq_add(g, e1, -2)
+                                             / scalar(dt, g.shape[-2]))
                 fl[F_FACTORED] = 1
                 slots = [_full(np.expand_dims(r / R._mean(r, -1, keepdims=True, eigen=True),
                                               -1), shape), _full(np.expand_dims(c, -2), shape),
@@ -142,19 +222,21 @@ def pure_update(apply, param, grad, velocity_row, velocity_col, velocity, *, lea
                            slots)
             v_new = out[0]
             ssc[S_ALPHA] = alpha
-            ssc[S_DEN] = np.maximum(one, R._rms_tf(u) / scalar(dt, o["clip_threshold"]))
+            ssc[S_DEN] = np.maximum(one, rms_tf(u) / scalar(dt, o["clip_threshold"]))
         elif form == "torch":
             lr = float(learning_rate)
             stepf = float(step)
             b = stepf ** o["beta_2_decay"]
             rho = min(lr, 1 / (stepf ** 0.5))
-            alpha = max(o["epsilon_2"], float(torch_vector_norm(w)) / (w.size ** 0.5)) * rho
+            alpha = max(o["epsilon_2"], float(S.torch_vector_norm(w)) / (w.size ** 0.5)) * rho
             eps1 = float(np.finfo(dt).eps) if o["epsilon_1"] is None else o["epsilon_1"]
             dsc[S_ONE], dsc[S_E1SQ] = one, scalar(dt, eps1 * eps1)
             if w.ndim > 1:
-                row_mean = np.square(R._torch_norm_axis(g, -1)) / scalar(dt, g.shape[-1])
+                row_norm = np.expand_dims(S.torch_rows_norm(g), -1)  # _torch_norm_axis
+                row_mean = np.square(row_norm) / scalar(dt, g.shape[-1])
                 r = R._torch_lerp(r, row_mean, b)
-                col_mean = np.square(R._torch_col_norm(g)) / scalar(dt, g.shape[-2])
+                col_norm = np.sqrt(np.expand_dims(S.seq_sum_sq(g, -2), -2))  # _torch_col_norm
+                col_mean = np.square(col_norm) / scalar(dt, g.shape[-2])
                 c = R._torch_lerp(c, col_mean, b)
                 m = np.maximum(R._mean(r, -2, keepdims=True), scalar(dt, eps1))
                 fl[F_FACTORED] = 1
@@ -167,7 +249,7 @@ def pure_update(apply, param, grad, velocity_row, velocity_col, velocity, *, lea
             u, out = apply(RuleCall(ADAFACTOR_DIRECTION, scalars(dt, dsc), flags(fl)), w, g,
                            slots)
             v_new = out[0] if w.ndim <= 1 else v
-            denom = max(1.0, float(torch_vector_norm(u)) / ((u.size ** 0.5)
+            denom = max(1.0, float(S.torch_vector_norm(u)) / ((u.size ** 0.5)
                                                            * o["clip_threshold"]))
             ssc[S_ALPHA] = scalar(dt, -alpha / denom)
             if wd:
@@ -181,9 +263,11 @@ def pure_update(apply, param, grad, velocity_row, velocity_col, velocity, *, lea
             dec, omd = scalar(dt, dec32), scalar(dt, np.float32(1.0) - dec32)
             if axes is not None:
                 ra, ca = axes
-                gsq = R.fma(g, g, scalar(dt, o["epsilon_1"]))
-                r = R.fma(dec, r, omd * R._mean(gsq, ra, xla=True))
-                c = R.fma(dec, c, omd * R._mean(gsq, ca, xla=True))
+                e1 = scalar(dt, o["epsilon_1"])  # the means of fma(g, g, e1), XLA's
+                r = R.fma(dec, r, omd * (S.seq_sum_fma(g, e1, ra)
+                                         * (one / scalar(dt, g.shape[ra]))))
+                c = R.fma(dec, c, omd * (S.seq_sum_fma(g, e1, ca)
+                                         * (one / scalar(dt, g.shape[ca]))))
                 rc = ca - 1 if ca > ra else ca
                 fl[F_FACTORED] = 1
                 slots = [_full(np.expand_dims(R.rsqrt(r / R._mean(r, rc, keepdims=True,
@@ -195,16 +279,19 @@ def pure_update(apply, param, grad, velocity_row, velocity_col, velocity, *, lea
             u, out = apply(RuleCall(ADAFACTOR_DIRECTION, scalars(dt, dsc), flags(fl)), w, g,
                            slots)
             v_new = out[0] if axes is None else v
-            if o["clip_threshold"] is not None and o["clip_threshold"] != np.inf:
+            clip = o["clip_threshold"] is not None and o["clip_threshold"] != np.inf
+            if clip and o["multiply_by_parameter_scale"]:
+                squares[id(u)], squares[id(w)] = S.xla_sum_squares2(u, w)
+            if clip:
                 fl[F_CLIP] = 1
-                ssc[S_DEN] = np.maximum(scalar(dt, 1), np.sqrt(R._xla_mean_squares(u))
+                ssc[S_DEN] = np.maximum(scalar(dt, 1), np.sqrt(xla_mean_squares(u))
                                         / scalar(dt, o["clip_threshold"]))
             if learning_rate is not None:
                 fl[F_LR] = 1
                 ssc[S_LR] = scalar(dt, learning_rate)
             if o["multiply_by_parameter_scale"]:
                 fl[F_SCALE] = 1
-                rms = np.sqrt(R._xla_mean_squares(w))
+                rms = np.sqrt(xla_mean_squares(w))
                 e2 = scalar(dt, o["epsilon_2"])
                 ssc[S_SCALE] = e2 if rms <= e2 else rms  # noqa: FURB136 (a NaN RMS: NaN)
             if wd is not None:

@@ -24,7 +24,8 @@ power other than 0.5) instead of the correctly rounded ``sqrt``.
 ``pow`` per element; no CUDA function gives the same bits): :func:`ftrl_call` returns a rule
 that calls it only when asked with ``allow_pow=True`` (``backend="cpu"``, the CPU pure
 function) and :data:`refopt.rules.ops.CPU_POW` holds; otherwise None, and the executors take
-the reference's step (``backend="cuda"``: its host step, with the ``HostStepWarning``).
+the reference's step. Its ``targets`` is ``("cpu",)``: ``backend="cuda"`` takes its host step
+for it, with the ``HostStepWarning``.
 
 The formulas are those of :func:`refopt.reference.ftrl_update` (its Notes, one framework at
 a time); the host rounds the scalars as each framework does
@@ -104,7 +105,7 @@ def ftrl_pow_element(p, g, n, z, sc, fl, tail):
 #: The kernels' rule at the power 0.5 (every target).
 FTRL = Rule("ftrl", ftrl_element, ("accumulator", "linear"))
 #: The rule of the steps that call ``pow`` (the CPU target only; never compiled for CUDA).
-FTRL_POW = Rule("ftrl_pow", ftrl_pow_element, ("accumulator", "linear"))
+FTRL_POW = Rule("ftrl_pow", ftrl_pow_element, ("accumulator", "linear"), targets=("cpu",))
 
 
 def ftrl_call(dtype, conv, *, learning_rate, learning_rate_power=-0.5,

@@ -92,31 +92,47 @@ def direction_call(dtype, conv, *, beta_1, beta_2, epsilon, step, eps_root=None,
                     flags([FORMS[form], weight_decay is not None]))
 
 
-def ratio_scalars(dtype, conv, w, u, learning_rate):
+def ratio_scalars(dtype, conv, w, u, learning_rate, sums=None):
     """Phase 2: the trust ratio of ``w`` and the direction ``u`` from their norms in the
-    framework's order, and phase 3's :class:`~refopt.rules.RuleCall`."""
+    framework's order, and phase 3's :class:`~refopt.rules.RuleCall`. ``sums``: the sums of
+    squares (default :data:`refopt.rules.adafactor.HOST_SUMS`, the reference's functions)."""
+    from refopt.rules.adafactor import HOST_SUMS
+
+    S = HOST_SUMS if sums is None else sums
+    with np.errstate(all="ignore"):
+        if conv.lamb_form == "keras3":
+            sq = S.eigen_sum_squares(w), S.eigen_sum_squares(u)
+        else:
+            sq = S.xla_sum_squares(w), S.xla_sum_squares(u)
+    return ratio_call(dtype, conv, *sq, learning_rate)
+
+
+def ratio_call(dtype, conv, w_sq, u_sq, learning_rate):
+    """Phase 3's :class:`~refopt.rules.RuleCall` from the sums of squares of ``w`` and ``u``
+    (scalars of ``dtype``, summed in the framework's order): the trust ratio rounded as the
+    framework rounds it."""
     from refopt.reference._common import lr_cast, scalar
-    from refopt.reference.adafactor import eigen_sum, xla_sum_squares
 
     dt = np.dtype(dtype)
     one = scalar(dt, 1)
     with np.errstate(all="ignore"):
         if conv.lamb_form == "keras3":
-            w_norm, u_norm = np.sqrt(eigen_sum(w * w)), np.sqrt(eigen_sum(u * u))
+            w_norm, u_norm = np.sqrt(w_sq), np.sqrt(u_sq)
             ratio = w_norm / u_norm if (w_norm > 0 and u_norm > 0) else one
             sc = [ratio * lr_cast(dt, learning_rate)]
         else:
-            w_norm, u_norm = np.sqrt(xla_sum_squares(w)), np.sqrt(xla_sum_squares(u))
+            w_norm, u_norm = np.sqrt(w_sq), np.sqrt(u_sq)
             ratio = one if (w_norm == 0 or u_norm == 0) else w_norm / (u_norm + scalar(dt, 0))
             sc = [ratio, scalar(dt, -float(learning_rate))]
     return RuleCall(LAMB_APPLY, scalars(dt, sc), flags([FORMS[conv.lamb_form]]))
 
 
 def pure_update(apply, param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, step,
-                convention=None, eps_root=None, weight_decay=None):
+                convention=None, eps_root=None, weight_decay=None, sums=None):
     """:func:`refopt.reference.lamb_update` in phases with a backend's ``apply(call, param,
     grad, slots) -> (param, slots)`` (the CPU and CUDA pure functions): the reference's own
-    checks, the direction, the norms on the host, the step. Returns a ``LambResult``."""
+    checks, the direction, the norms on the host (``sums``: see :func:`ratio_scalars`), the
+    step. Returns a ``LambResult``."""
     from refopt.reference import lamb as ref
 
     param, grad, m, v, conv = ref.check_lamb_args(
@@ -128,5 +144,6 @@ def pure_update(apply, param, grad, m, v, *, learning_rate, beta_1, beta_2, epsi
         call = direction_call(dt, conv, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
                               step=step, eps_root=eps_root, weight_decay=weight_decay)
         u, (m2, v2) = apply(call, param, grad, [m, v])
-        p, _ = apply(ratio_scalars(dt, conv, param, u, learning_rate), param, u, [])
+        p, _ = apply(ratio_scalars(dt, conv, param, u, learning_rate, sums), param, u,
+                     [])
     return ref.LambResult(p, m2, v2)

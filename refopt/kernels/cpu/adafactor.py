@@ -1,23 +1,155 @@
 """Adafactor on the CPU: :func:`refopt.reference.adafactor_update`, computed in phases.
 
 The element phases are :mod:`refopt.rules.adafactor` (the second-moment estimate with the
-update, then the step), run by the rule driver's kernels
-(:func:`refopt.kernels.cpu.drivers.apply`); the means between them (the variable's RMS, the
-row and column means, the update's RMS) and the factored moments (one row or column of
-numbers) are computed on the host in the framework's order by the reference's own functions.
-The arguments are checked by the reference's checks, so the errors are the same. float16 is
+update, then the step), run by this module's kernels (:func:`_apply`: the rules' elements
+over the variable, the factored moments' factors read from broadcast views, never expanded
+to the variable's size, each phase writing new arrays only); the means between them (the
+variable's RMS, the row and column means, the update's RMS) and the factored moments (one
+row or column of numbers) are computed on the host in the framework's order by the compiled
+sums of :mod:`refopt.kernels.cpu._reduce_seq` (the reference's orders, bit for bit). The
+arguments are checked by the reference's checks, so the errors are the same. float16 is
 computed by the reference (Numba has no float16 arithmetic on the CPU).
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
+from refopt.kernels.cpu._common import launch
 from refopt.reference import adafactor as _ref
+from refopt.rules.adafactor import (  # F_FORM, F_FACTORED, F_LERP_LOW: flags 0, 1, 2
+    ADAFACTOR_DIRECTION,
+    ADAFACTOR_STEP,
+    F_FACTORED,
+    F_FORM,
+    adafactor_direction_element,
+    adafactor_step_element,
+)
 
 __all__ = ["adafactor_update"]
 
 _FAST = (np.dtype(np.float32), np.dtype(np.float64))
+_OPTS = dict(cache=True, error_model="numpy", fastmath=False, nogil=True)
+_CHUNK = 1 << 16
+
+
+@njit(**_OPTS)
+def _tuple8(a):
+    return (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
+
+
+@njit(**_OPTS)
+def _tuple16(a):
+    return (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
+            a[13], a[14], a[15])
+
+
+@njit(**_OPTS)
+def _direction_row(P, G, S0, S1, S2, sc, fl, U, O):
+    # O: the new first slot, or an empty array where the rule leaves it as given
+    if O.shape[0] == 0:
+        for j in range(P.shape[0]):
+            U[j] = adafactor_direction_element(P[j], G[j], S0[j], S1[j], S2[j], sc, fl,
+                                               False)[0]
+        return
+    for j in range(P.shape[0]):
+        u, s0, _, _ = adafactor_direction_element(P[j], G[j], S0[j], S1[j], S2[j], sc, fl,
+                                                  False)
+        U[j] = u
+        O[j] = s0
+
+
+@njit(parallel=True, **_OPTS)
+def _direction(p, g, s0, s1, s2, sc, fl, u, o):
+    # (B, R, C) arrays; the slots may be broadcast views (zero strides), copied row by row
+    # into contiguous buffers. One row per iteration; the scalars as a tuple (in registers),
+    # the form and factoring as literal flags (one loop each: their branches fold away)
+    sc = _tuple16(sc)
+    form, factored, low = fl[0], fl[1], fl[2]
+    B, R, C = p.shape[0], p.shape[1], p.shape[2]
+    nc = (C + _CHUNK - 1) // _CHUNK  # a row in spans of at most _CHUNK elements
+    for t in prange(B * R * nc):
+        b, i, c = t // (R * nc), (t // nc) % R, t % nc
+        lo, hi = c * _CHUNK, min(C, (c + 1) * _CHUNK)
+        r0, r1, r2 = np.empty(hi - lo, p.dtype), np.empty(hi - lo, p.dtype), np.empty(
+            hi - lo, p.dtype)
+        r0[:] = s0[b, i, lo:hi]
+        r1[:] = s1[b, i, lo:hi]
+        r2[:] = s2[b, i, lo:hi]
+        P, G, U = p[b, i, lo:hi], g[b, i, lo:hi], u[b, i, lo:hi]
+        O = o[b, i, lo:hi] if o.shape[2] else o[0, 0]
+        if form == 0 and factored != 0:
+            _direction_row(P, G, r0, r1, r2, sc, (0, 1, low, 0, 0, 0, 0, 0), U, O)
+        elif form == 0:
+            _direction_row(P, G, r0, r1, r2, sc, (0, 0, low, 0, 0, 0, 0, 0), U, O)
+        elif form == 1 and factored != 0:
+            _direction_row(P, G, r0, r1, r2, sc, (1, 1, low, 0, 0, 0, 0, 0), U, O)
+        elif form == 1:
+            _direction_row(P, G, r0, r1, r2, sc, (1, 0, low, 0, 0, 0, 0, 0), U, O)
+        elif form == 2 and factored != 0:
+            _direction_row(P, G, r0, r1, r2, sc, (2, 1, low, 0, 0, 0, 0, 0), U, O)
+        elif form == 2:
+            _direction_row(P, G, r0, r1, r2, sc, (2, 0, low, 0, 0, 0, 0, 0), U, O)
+        elif factored != 0:
+            _direction_row(P, G, r0, r1, r2, sc, (3, 1, low, 0, 0, 0, 0, 0), U, O)
+        else:
+            _direction_row(P, G, r0, r1, r2, sc, (3, 0, low, 0, 0, 0, 0, 0), U, O)
+
+
+@njit(**_OPTS)
+def _step_span(P, U, sc, fl, O):
+    for i in range(P.shape[0]):
+        O[i] = adafactor_step_element(P[i], U[i], sc, fl, False)[0]
+
+
+@njit(parallel=True, **_OPTS)
+def _step(p, u, sc, fl, out):
+    sc, fl = _tuple16(sc), _tuple8(fl)
+    n = p.size
+    for c in prange((n + _CHUNK - 1) // _CHUNK):
+        lo, hi = c * _CHUNK, min(n, (c + 1) * _CHUNK)
+        _step_span(p[lo:hi], u[lo:hi], sc, fl, out[lo:hi])
+
+
+def _three(a, shape3):
+    return np.reshape(a, shape3)  # a view where the strides allow, else a copy
+
+
+def _apply(call, param, grad, slots):
+    """The CPU's ``apply`` for :func:`refopt.rules.adafactor.pure_update`: the two Adafactor
+    rules into new arrays; the slots may be broadcast views (``takes_views``). The direction
+    returns its new first slot (the only one the rule changes) and the others as given."""
+    dt = param.dtype
+    shape = param.shape
+    n = param.size
+    if call.rule is ADAFACTOR_STEP:
+        p = np.ascontiguousarray(param).reshape(-1)
+        u = np.ascontiguousarray(grad, dt).reshape(-1)
+        out = np.empty(n, dt)
+        with np.errstate(all="ignore"):
+            launch(_step, (p, u, call.sc, call.fl, out), n)
+        return out.reshape(shape), []
+    assert call.rule is ADAFACTOR_DIRECTION
+    if len(shape) >= 2:
+        shape3 = (int(np.prod(shape[:-2], dtype=np.int64)), shape[-2], shape[-1])
+    else:
+        shape3 = (1, 1, n)
+    u = np.empty(shape3, dt)
+    # torch's and optax's factored estimates leave the first slot as given (a factor, not a
+    # moment of the variable's size): not written
+    same = call.fl[F_FORM] >= 2 and call.fl[F_FACTORED] != 0
+    o = np.empty((1, 1, 0) if same else shape3, dt)
+    if n:
+        p3 = _three(np.ascontiguousarray(param), shape3)
+        g3 = _three(np.ascontiguousarray(grad, dt), shape3)
+        s3 = [_three(np.asarray(a, dt), shape3) for a in slots]
+        with np.errstate(all="ignore"):
+            launch(_direction, (p3, g3, *s3, call.sc, call.fl, u, o), n)
+    return u.reshape(shape), [slots[0] if same else o.reshape(shape), slots[1], slots[2]]
+
+
+_apply.takes_views = True
 
 
 def adafactor_update(param, grad, velocity_row, velocity_col, velocity, *, learning_rate, step,
@@ -33,8 +165,9 @@ def adafactor_update(param, grad, velocity_row, velocity_col, velocity, *, learn
         return _ref.adafactor_update(param, grad, velocity_row, velocity_col, velocity,
                                      learning_rate=learning_rate, step=step,
                                      convention=convention, **options)
-    from refopt.kernels.cpu.drivers import apply
+    from refopt.kernels.cpu._reduce_seq import SUMS
     from refopt.rules.adafactor import pure_update
 
-    return pure_update(apply, param, grad, velocity_row, velocity_col, velocity,
-                       learning_rate=learning_rate, step=step, convention=convention, **options)
+    return pure_update(_apply, param, grad, velocity_row, velocity_col, velocity,
+                       learning_rate=learning_rate, step=step, convention=convention, sums=SUMS,
+                       **options)
