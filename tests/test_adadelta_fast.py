@@ -19,6 +19,7 @@ from test_properties import (
     slices_for,
     table_shapes,
 )
+from test_properties import cuda_or_skip as _cuda
 
 import refopt
 from refopt import IndexedSlices
@@ -116,13 +117,6 @@ def test_cpu_optimizer_is_fused_and_bit_identical(conv, monkeypatch):
 
 
 # --------------------------------------------------------------------------- cuda (simulator)
-def _cuda():
-    kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
-    if not kc.simulator and not kc.cuda.is_available():
-        pytest.skip("needs numba's CUDA simulator or an NVIDIA GPU")
-    return kc
-
-
 def test_cuda_mirror_function_is_the_references():
     kc = _cuda()
     rng = np.random.default_rng(5)

@@ -19,6 +19,8 @@ from test_properties import (
     slices_for,
     table_shapes,
 )
+from test_properties import assert_bits_equal_nan_aware as _assert_nan_aware
+from test_properties import cuda_or_skip as _cuda
 
 import refopt
 from refopt import IndexedSlices
@@ -161,19 +163,6 @@ def test_cpu_optimizer_non_lazy_sparse_is_the_references(conv):
 
 
 # --------------------------------------------------------------------------- cuda (simulator)
-def _cuda():
-    kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
-    if not kc.simulator and not kc.cuda.is_available():
-        pytest.skip("needs numba's CUDA simulator or an NVIDIA GPU")
-    return kc
-
-
-def _assert_nan_aware(actual, expected, what):
-    nan = np.isnan(expected)
-    np.testing.assert_array_equal(np.isnan(actual), nan, err_msg=f"{what}: NaN positions")
-    assert_bits_equal(actual[~nan], expected[~nan], what)
-
-
 def test_cuda_mirror_function_is_the_references():
     kc = _cuda()
     rng = np.random.default_rng(5)

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_properties import assert_bits_equal_nan_aware, float_arrays, slices_for
+from test_properties import cuda_or_skip as _cuda
 
 import refopt
 from refopt import IndexedSlices
@@ -314,13 +315,6 @@ def test_cpu_pure_function_pow_forms_run_the_rule(monkeypatch):
 
 
 # --------------------------------------------------------------------------- cuda (simulator)
-def _cuda():
-    kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
-    if not kc.simulator and not kc.cuda.is_available():
-        pytest.skip("needs numba's CUDA simulator or an NVIDIA GPU")
-    return kc
-
-
 def test_cuda_mirror_function_is_the_references():
     kc = _cuda()
     rng = np.random.default_rng(5)

@@ -70,6 +70,15 @@ def assert_bits_equal_nan_aware(actual, expected, what=""):
     assert_bits_equal(actual[~nan], expected[~nan], what)
 
 
+def cuda_or_skip():
+    """``refopt.kernels.cuda``, or a skip where neither numba-cuda's simulator nor a GPU is
+    there (the catalogue's ``tests/test_<name>_fast.py`` share it)."""
+    kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
+    if not kc.simulator and not kc.cuda.is_available():
+        pytest.skip("needs numba's CUDA simulator or an NVIDIA GPU")
+    return kc
+
+
 def slot_names(opt):
     if isinstance(opt, refopt.SGD):
         return ("m",)
@@ -651,7 +660,7 @@ def _moment_bound(dtype, old, q, c, new_s, new_d):
     u = float(np.finfo(dtype).eps) / 2
     tiny = float(np.finfo(dtype).smallest_subnormal)
     old, q = old.astype(np.float64), q.astype(np.float64)
-    f = lambda a: np.abs(np.asarray(a, np.float64))  # noqa: E731
+    f = lambda a: np.abs(np.asarray(a, np.float64))
     return 1.01 * u * (f(old) + c * f(q) + 2 * c * f(q - old) + f(new_s) + f(new_d)) + 4 * tiny
 
 
@@ -1163,13 +1172,13 @@ def test_failed_apply_gradients_changes_nothing(data, dtype, kind, failure, n_wa
     if kind == "sgd":
         hp = data.draw(sgd_hparams())
         hp.pop("learning_rate")
-        factory = lambda: refopt.SGD(learning_rate=lr, **hp, **extra)  # noqa: E731
+        factory = lambda: refopt.SGD(learning_rate=lr, **hp, **extra)
     else:
         cls = {"adam": refopt.Adam, "lazy_adam": refopt.LazyAdam, "adamw": refopt.AdamW}[kind]
         hp = data.draw(adam_hparams(dtype))
         hp.pop("learning_rate")
         amsgrad = data.draw(st.booleans())
-        factory = lambda: cls(learning_rate=lr, amsgrad=amsgrad, **hp, **extra)  # noqa: E731
+        factory = lambda: cls(learning_rate=lr, amsgrad=amsgrad, **hp, **extra)
     opt, twin = factory(), factory()
     variables = [data.draw(float_arrays(dtype, s)) for s in shapes]
     twin_vars = [v.copy() for v in variables]

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from test_properties import assert_bits_equal, assert_bits_equal_nan_aware
+from test_properties import cuda_or_skip as _cuda
 
 import refopt
 from refopt import reference as ref
@@ -86,13 +87,6 @@ def test_cpu_optimizer_is_fused_and_bit_identical(kw, monkeypatch):
 
 
 # --------------------------------------------------------------------------- cuda (simulator)
-def _cuda():
-    kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
-    if not kc.simulator and not kc.cuda.is_available():
-        pytest.skip("needs numba's CUDA simulator or an NVIDIA GPU")
-    return kc
-
-
 def test_cuda_mirror_function_is_the_references():
     kc = _cuda()
     rng = np.random.default_rng(5)

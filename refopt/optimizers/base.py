@@ -130,6 +130,17 @@ def optimizer_form(conv, optimizer):
     """The form of ``optimizer`` under ``conv`` (its ``<optimizer>_form`` knob, e.g.
     ``conv.adamax_form``).
 
+    Parameters
+    ----------
+    conv : refopt.conventions.Convention
+    optimizer : str
+        The class name (``"Adamax"``); the knob is its lower case plus ``_form``.
+
+    Returns
+    -------
+    str
+        The framework family whose step the optimizer takes (``"tf_keras"``, ``"torch"``...).
+
     Raises
     ------
     ValueError
@@ -151,6 +162,22 @@ def optimizer_form(conv, optimizer):
 
 def default_learning_rate(learning_rate, defaults, conv, optimizer, why=None):
     """``learning_rate``, or the convention's default (``defaults["learning_rate"]``).
+
+    Parameters
+    ----------
+    learning_rate : float, LearningRateSchedule or None
+    defaults : dict
+        The optimizer's defaults under ``conv`` (its ``"learning_rate"`` None where the
+        framework has none).
+    conv : refopt.conventions.Convention
+    optimizer : str
+        The class name, for the message.
+    why : str, optional
+        What the message says instead of "that framework's <optimizer> has no default".
+
+    Returns
+    -------
+    float or LearningRateSchedule
 
     Raises
     ------
