@@ -7,6 +7,12 @@ import os
 # module. It changes nothing for the CPU backend (numba's CPU JIT does not read it).
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
+# Optimizers created without `backend=` get $REFOPT_BACKEND, else "cpu" (refopt's default for
+# users). The suite names a backend wherever it tests one; the tests that do not (API, errors,
+# configs) are about the reference semantics and run on it, without compiling kernels for every
+# variant. tests/test_default_backend.py tests the default itself.
+os.environ.setdefault("REFOPT_BACKEND", "reference")
+
 from hypothesis import settings
 
 # Hypothesis profiles, chosen with REFOPT_HYPOTHESIS_PROFILE (default "ci"):

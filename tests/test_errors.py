@@ -1,4 +1,5 @@
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -340,3 +341,26 @@ def test_reference_functions_validate_their_scalars(case):
     w, z = np.ones(3, np.float32), np.zeros(3, np.float32)
     with pytest.raises(exc, match=pattern):
         call(w, z)
+
+
+# ------------------------------------------------------------ what a new user tripped on (#15)
+def test_a_learning_rate_that_underflows_float32_warns():
+    # 1e-50 is 0 in float32: tf-keras stores it so and nothing moves; say it instead of silence.
+    with pytest.warns(UserWarning, match=r"learning_rate=1e-50 underflows to 0 in float32"):
+        opt = refopt.Adam(learning_rate=1e-50)
+    assert opt.learning_rate == 0.0
+    with pytest.warns(UserWarning, match="float64 ones keep it"):
+        refopt.Adam(learning_rate=1e-50, convention="torch")
+
+
+def test_a_second_build_with_new_variables_warns_and_does_nothing():
+    a, b = np.ones(2, np.float32), np.ones(3, np.float32)
+    opt = refopt.Adam()
+    opt.build([a])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.build([a])  # the same list: silent, as tf-keras
+    with pytest.warns(UserWarning, match=r"1 not in the first list.*does nothing"):
+        opt.build([a, b])
+    with pytest.raises(KeyError, match="cannot recognize variable"):
+        opt.apply_gradients([(np.ones(3, np.float32), b)])

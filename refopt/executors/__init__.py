@@ -24,7 +24,10 @@ modes and scalars that both fused executors pass to their kernels.
 
 from __future__ import annotations
 
-__all__ = ["Executor", "get_executor", "BACKENDS"]
+import logging
+import os
+
+__all__ = ["Executor", "get_executor", "default_backend", "BACKENDS"]
 
 #: The backends.
 BACKENDS = ("reference", "cpu", "cuda")
@@ -86,6 +89,53 @@ class Executor:
 
 
 _EXECUTORS = {}
+
+#: The environment variable that chooses the backend of optimizers created without ``backend=``.
+BACKEND_ENV = "REFOPT_BACKEND"
+
+
+def default_backend():
+    """The backend an optimizer gets when ``backend`` is not given (``None``).
+
+    ``$REFOPT_BACKEND`` when set (``"reference"``, ``"cpu"`` or ``"cuda"``), else ``"cpu"``
+    (Numba, a dependency of refopt): every backend gives the reference's bits, so the fast
+    one is the safe default; its kernels compile on first use (see :func:`resolve_backend`).
+
+    Raises
+    ------
+    ValueError
+        ``$REFOPT_BACKEND`` set to an unknown name.
+    """
+    env = os.environ.get(BACKEND_ENV)
+    if env is None or env == "":
+        return "cpu"
+    if env not in BACKENDS:
+        raise ValueError(f"${BACKEND_ENV} must be one of {BACKENDS}. Received: "
+                         f"{BACKEND_ENV}={env!r}")
+    return env
+
+
+_NOTICE_GIVEN = False
+
+
+def resolve_backend(backend):
+    """``backend``, or the default when it is ``None``; the first default ``"cpu"`` of the
+    process logs once (logger ``"refopt"``, level WARNING, as JAX says which backend it took)
+    that the kernels compile on first use and where they are cached."""
+    global _NOTICE_GIVEN
+    if backend is not None:
+        return backend
+    backend = default_backend()
+    if backend == "cpu" and not _NOTICE_GIVEN and os.environ.get(BACKEND_ENV) != "cpu":
+        _NOTICE_GIVEN = True
+        from refopt.kernels.cpu.drivers import _cache_dir
+
+        logging.getLogger("refopt").warning(
+            "refopt: backend='cpu' (Numba kernels, bit-identical to backend='reference'). "
+            "Each optimizer's kernels compile on their first step (a few seconds each, then "
+            "cached in %s). Pass backend='reference' or set %s=reference for plain NumPy; "
+            "set %s=cpu to silence this note.", _cache_dir(), BACKEND_ENV, BACKEND_ENV)
+    return backend
 
 
 def get_executor(backend):

@@ -83,7 +83,7 @@ class Adadelta(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="Adadelta",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):

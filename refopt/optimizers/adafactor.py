@@ -113,7 +113,7 @@ class Adafactor(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="Adafactor",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):

@@ -83,7 +83,7 @@ class Adagrad(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="Adagrad",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):

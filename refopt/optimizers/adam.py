@@ -86,7 +86,7 @@ class Adam(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="Adam",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):
@@ -239,7 +239,7 @@ class AdamW(Adam):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="AdamW",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):

@@ -82,7 +82,7 @@ class Adamax(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="Adamax",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):

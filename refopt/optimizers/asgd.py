@@ -80,7 +80,7 @@ class ASGD(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="ASGD",
-        backend="reference",
+        backend=None,
         convention="torch",
         **kwargs,
     ):

@@ -20,7 +20,7 @@ from refopt import schedules as _schedules
 from refopt.conventions import PRESETS, Convention, get_convention
 from refopt.indexed_slices import IndexedSlices
 from refopt import pipeline as _pipeline
-from refopt.executors import BACKENDS, get_executor
+from refopt.executors import BACKENDS, get_executor, resolve_backend
 from refopt.executors.checks import _INT64_MAX
 from refopt.executors.checks import describe as _describe
 from refopt.reference import variants as _variants
@@ -57,7 +57,7 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
         Accepted for compatibility with tf-keras configs; has no effect.
     name : str
         The optimizer's name.
-    backend : {"reference", "cpu", "cuda"}, default "reference"
+    backend : {"reference", "cpu", "cuda"} or None, default None
         Which executor computes the steps (:mod:`refopt.executors`): ``"reference"`` (pure
         NumPy), ``"cpu"`` (Numba kernels built from the optimizer's rule, bit-identical to
         the reference: slots kept in one flat buffer per dtype, every dense variable of a
@@ -65,7 +65,10 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
         reference's staged step) or ``"cuda"`` (numba-cuda kernels from the same rules;
         variables are device arrays, see :mod:`refopt.executors.cuda`; needs an NVIDIA GPU
         or the CUDA simulator, else ``RuntimeError``). Every backend gives the reference's
-        numbers under every convention.
+        numbers under every convention. ``None``: ``$REFOPT_BACKEND`` if set, else
+        ``"cpu"`` (:func:`refopt.executors.default_backend`; the first such optimizer of a
+        process logs once that the kernels compile on first use). ``get_config`` records
+        the backend chosen.
     convention : str, dict or refopt.conventions.Convention, default "tf_keras"
         Which framework's numerics to reproduce: ``"tf_keras"`` (tf.keras 2.11+),
         ``"keras3"``, ``"keras2"`` (legacy ``OptimizerV2``, TF-Addons ``LazyAdam``),
@@ -246,7 +249,7 @@ class Optimizer:
         ema_momentum=0.99,
         ema_overwrite_frequency=None,
         jit_compile=True,
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):
@@ -265,6 +268,7 @@ class Optimizer:
             raise TypeError(f"`name` must be a str. Received: name={name!r}")
         self.name = name
         conv = _check_convention(convention)
+        backend = resolve_backend(backend)
         self._executor = get_executor(backend)
         self._kernels = self._executor.kernels  # the staged step's pure functions
         self.backend = backend
@@ -417,6 +421,14 @@ class Optimizer:
                 "`learning_rate` must be finite in float32 (it is stored as float32). "
                 f"Received: learning_rate={value!r}"
             )
+        if rounded == 0 and value > 0:
+            which = ("it is stored as float32 here, as the framework does: no variable will move"
+                     if self.convention.learning_rate_cast == "float32" else
+                     "float32 and float16 variables will not move; float64 ones keep it")
+            warnings.warn(
+                f"learning_rate={value!r} underflows to 0 in float32 "
+                f"(convention={self.convention.name!r}: {which}).",
+                UserWarning, stacklevel=3)
         if self.convention.learning_rate_cast != "float32":  # a Python float (torch, optax)
             rounded = float(value)
         self._learning_rate = rounded
@@ -662,6 +674,7 @@ class Optimizer:
             If a variable is not a valid array or is listed twice; nothing is built then.
         """
         if self._built:
+            self._warn_if_other_variables(var_list)
             return
         var_list = self._check_var_list(var_list)
         try:
@@ -670,6 +683,22 @@ class Optimizer:
             self._reset_state()
             raise
         self._built = True
+
+    def _warn_if_other_variables(self, var_list):
+        """A second ``build`` does nothing (tf-keras); say so when its list differs."""
+        try:
+            given = list(var_list)
+        except TypeError:
+            return
+        known = {id(v) for v in self._vars}
+        new = [v for v in given if id(v) not in known]
+        if new:
+            warnings.warn(
+                f"build() was called again with {len(given)} variables ({len(new)} not in the "
+                f"first list); the optimizer is already built with {len(self._vars)} variables "
+                "and a second build does nothing (tf-keras' rule). Pass every variable to the "
+                "first build(), or create a new optimizer.",
+                UserWarning, stacklevel=3)
 
     def _build_state(self, var_list):
         state = self._executor.allocate(self, var_list)

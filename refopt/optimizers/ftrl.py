@@ -96,7 +96,7 @@ class Ftrl(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="Ftrl",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):

@@ -83,7 +83,7 @@ class Lamb(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="Lamb",
-        backend="reference",
+        backend=None,
         convention="keras3",
         **kwargs,
     ):

@@ -81,7 +81,7 @@ class Lion(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="Lion",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):

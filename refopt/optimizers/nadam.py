@@ -94,7 +94,7 @@ class Nadam(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="Nadam",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):

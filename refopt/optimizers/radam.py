@@ -90,7 +90,7 @@ class RAdam(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="RAdam",
-        backend="reference",
+        backend=None,
         convention="torch",
         **kwargs,
     ):

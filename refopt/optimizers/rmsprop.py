@@ -83,7 +83,7 @@ class RMSprop(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="RMSprop",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):

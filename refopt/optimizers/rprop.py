@@ -70,7 +70,7 @@ class Rprop(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="Rprop",
-        backend="reference",
+        backend=None,
         convention="torch",
         **kwargs,
     ):

@@ -59,7 +59,7 @@ class SGD(Optimizer):
         ema_overwrite_frequency=None,
         jit_compile=True,
         name="SGD",
-        backend="reference",
+        backend=None,
         convention="tf_keras",
         **kwargs,
     ):
