@@ -28,6 +28,7 @@ from refopt.optimizers import (
     Rprop,
 )
 from refopt.checkpoint import load_checkpoint, save_checkpoint
+from refopt import functional
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "Rprop",
     "AdamW",
     "Ftrl",
+    "functional",
     "IndexedSlices",
     "LazyAdam",
     "Lion",
@@ -56,3 +58,15 @@ __all__ = [
     "schedules",
     "__version__",
 ]
+
+# The adapters and the distributed package import their framework (torch, jax/optax, mpi4py) on
+# first use: `import refopt` never does, and `refopt.optax.adam(...)` works after it.
+_LAZY_SUBMODULES = ("torch", "optax", "distributed", "testing")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"refopt.{name}")
+    raise AttributeError(f"module 'refopt' has no attribute {name!r}")

@@ -3,12 +3,13 @@
 :func:`save_checkpoint` writes the configuration (``get_config()``), ``iterations``, the current
 learning rate, every slot (``m``, ``v``, ``vhat``, the EMA ``average``) of every variable and,
 by default, the variables themselves. :func:`load_checkpoint` restores them into a *new*
-optimizer of the same class and configuration, so that the resumed run is bit-identical to the
-one that was not interrupted (schedules, EMA, AMSGrad and LazyAdam included).
+optimizer of the same class and configuration (yours, or one it creates from the file alone:
+``optimizer, variables = load_checkpoint(path)``), so that the resumed run is bit-identical to
+the one that was not interrupted (schedules, EMA, AMSGrad and LazyAdam included).
 
-Only the optimizer's public API is used: ``get_config``, ``iterations`` (set before building, as
-tf-keras allows), ``build``, ``variables`` and ``get_slot`` (whose live arrays are written with
-``np.copyto``, or ``copy_to_device`` on the GPU).
+The state is defined once, by :meth:`refopt.Optimizer.state_dict` and
+:meth:`~refopt.Optimizer.load_state_dict` (all or nothing); this module flattens it into the
+file below and back, and adds the variables, the checks of the file and the atomic write.
 
 ``backend="cuda"``: the variables are device arrays (numba's, or objects with
 ``__cuda_array_interface__``); saving copies them and every slot to the host, loading copies the
@@ -37,24 +38,23 @@ mid-write leaves the previous checkpoint, or none, never a partial one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
-import numbers
 import os
 import tempfile
+from typing import NamedTuple
 
 import numpy as np
 
+from refopt import _foreign
 from refopt.optimizers.base import Optimizer
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "Restored", "load_checkpoint", "save_checkpoint"]
 
 #: The checkpoint layout written by this version; files of a newer version are refused.
 FORMAT_VERSION = 1
 _FORMAT = "refopt-checkpoint"
-# Config keys that do not change the numbers (names, and the backends, which all match the
-# reference bit for bit); a checkpoint may be resumed with other values of these.
-_IGNORED_CONFIG_KEYS = ("name", "backend", "jit_compile")
 
 
 class CheckpointError(ValueError):
@@ -71,11 +71,6 @@ def _jsonable(x):
     return x
 
 
-def _normalized_config(optimizer):
-    config = json.loads(json.dumps(_jsonable(optimizer.get_config())))
-    return {k: v for k, v in config.items() if k not in _IGNORED_CONFIG_KEYS}
-
-
 def _check_optimizer(optimizer):
     if not isinstance(optimizer, Optimizer):
         raise TypeError(
@@ -84,31 +79,13 @@ def _check_optimizer(optimizer):
 
 
 def _check_variables(variables, optimizer):
-    """The variables as a list, and their arrays (numba views for ``backend="cuda"``)."""
+    """The variables as a list, and their arrays (numba views for ``backend="cuda"``); torch
+    tensors and other foreign arrays become the views the optimizer holds for them."""
+    variables = _foreign.variables(optimizer, variables, "variables")
     variables, arrays = optimizer._executor.checkpoint_arrays(variables)
     if len({id(v) for v in variables}) != len(variables):
         raise ValueError("`variables` lists the same array twice.")
     return variables, arrays
-
-
-def _to_host(a):
-    """``a`` itself if it is a host ndarray, else a host copy of the device array."""
-    return a if isinstance(a, np.ndarray) else a.copy_to_host()
-
-
-def _write_into(target, value):
-    """Copy ``value`` (host) into the live array ``target`` (host or device) in place."""
-    if isinstance(target, np.ndarray):
-        np.copyto(target, value)
-    elif value.size:
-        target.copy_to_device(np.ascontiguousarray(value))
-
-
-def _built_count(optimizer):
-    """Number of variables the optimizer was built with (0 when not built)."""
-    if not optimizer.built:
-        return 0
-    return (len(optimizer.variables) - 1) // max(len(optimizer.slot_names), 1)
 
 
 def _digest(arrays):
@@ -120,17 +97,33 @@ def _digest(arrays):
     return h.hexdigest()
 
 
+def _check_path(path, what):
+    """``path`` as a str, or a clear error naming it (``what`` names the argument)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"`{what}` must be a file path (str or os.PathLike). Received: "
+                        f"{what}={path!r}")
+    path = os.fsdecode(os.fspath(path))
+    if not path:
+        raise ValueError(f"`{what}` must name a file. Received: {what}=''")
+    if os.path.isdir(path):
+        raise IsADirectoryError(
+            errno.EISDIR, f"The checkpoint path {path!r} is a directory; name a file in it "
+            f"(e.g. {os.path.join(path, 'checkpoint.npz')!r})", path)
+    return path
+
+
 def _write_atomic(path, arrays):
     """np.savez into a temporary file beside ``path``, fsync, then os.replace onto ``path``."""
-    path = os.fspath(path)
+    path = os.fsdecode(os.fspath(path))
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(
-            f"Cannot write the checkpoint {os.fspath(path)}: the folder {directory} does not exist."
-        )
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=directory)
+            errno.ENOENT, f"Cannot write the checkpoint {path!r}: the folder {directory!r} does "
+            "not exist (create it first, e.g. os.makedirs)", path)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                   dir=directory)
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
             f.flush()
@@ -139,9 +132,14 @@ def _write_atomic(path, arrays):
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except BaseException as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno is not None:
+            # tempfile's and os.replace's errors name the temporary file: name the checkpoint
+            raise type(exc)(exc.errno, f"Cannot write the checkpoint {path!r} (in "
+                            f"{directory!r}): {exc.strerror}", path) from None
         raise
     with contextlib.suppress(OSError):  # make the rename durable (POSIX; no-op elsewhere)
         dir_fd = os.open(directory, os.O_RDONLY)
@@ -160,6 +158,9 @@ def _write_file(path, meta, arrays):
 def save_checkpoint(path, optimizer, variables, *, include_variables=True):
     """Save an optimizer's full state (and, by default, its variables) to one ``.npz`` file.
 
+    The state is :meth:`Optimizer.state_dict() <refopt.Optimizer.state_dict>`, flattened
+    into the layout of the module docstring.
+
     Parameters
     ----------
     path : str or os.PathLike
@@ -168,10 +169,11 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
         Built or not yet built.
     variables : list of ndarray (device arrays for ``backend="cuda"``)
         The variables, in a fixed order (the same order :func:`load_checkpoint` will get). Once
-        the optimizer is built, exactly the variables it was built with. Device arrays and
-        slots are copied to the host.
+        the optimizer is built, exactly the variables it was built with (in any order). Device
+        arrays and slots are copied to the host.
     include_variables : bool, default True
-        Also save the variables' values.
+        Also save the variables' values (then ``load_checkpoint(path)`` alone can restore
+        everything).
 
     Returns
     -------
@@ -181,49 +183,59 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
     Raises
     ------
     TypeError
-        If ``optimizer`` is not a refopt optimizer or ``variables`` not a list of ndarrays
+        If ``optimizer`` is not a refopt optimizer, ``variables`` not a list of ndarrays
         (of device arrays for ``backend="cuda"``: a host ndarray is refused, naming
-        ``to_device``).
+        ``to_device``), or ``path`` not a path.
     ValueError
         If ``variables`` is not the list the optimizer was built with (count, or an unknown
-        array).
+        array), or ``path`` is empty.
+    IsADirectoryError
+        If ``path`` is a directory (the message names it and suggests a file in it).
+    FileNotFoundError
+        If ``path``'s folder does not exist.
     OSError
-        If the file cannot be written (then the previous file, if any, is untouched).
+        If the file cannot be written (the message names ``path``; the previous file, if any,
+        is untouched).
     """
     from refopt import __version__
 
     _check_optimizer(optimizer)
+    path = _check_path(path, "path")
     variables, views = _check_variables(variables, optimizer)
-    built = _built_count(optimizer) > 0
-    names = optimizer.slot_names
+    sd = optimizer.state_dict()
+    built = sd["built"]
+    names = sd["slot_names"]
     arrays = {}
+    steps = []
     if built:
-        n_built = _built_count(optimizer)
+        n_built = len(optimizer._vars)
         if len(variables) != n_built:
             raise ValueError(
                 f"`variables` must be the {n_built} variables the optimizer was built with. "
                 f"Received: {len(variables)} arrays"
             )
         for i, var in enumerate(variables):
+            try:
+                pos = optimizer._position(var)
+            except KeyError:
+                raise ValueError(
+                    f"`variables[{i}]` (shape {tuple(views[i].shape)}, {views[i].dtype}) is "
+                    "not a variable the optimizer was built with."
+                ) from None
             for name in names:
-                try:
-                    arrays[f"slot_{name}_{i}"] = _to_host(optimizer.get_slot(var, name))
-                except KeyError:
-                    raise ValueError(
-                        f"`variables[{i}]` (shape {tuple(views[i].shape)}, {views[i].dtype}) is "
-                        "not a variable the optimizer was built with."
-                    ) from None
+                arrays[f"slot_{name}_{i}"] = sd["slots"][name][pos]
+            steps.append(sd["variable_steps"][pos])
     if include_variables:
         for i, view in enumerate(views):
-            arrays[f"variable_{i}"] = _to_host(view)
-    lr = optimizer.learning_rate
+            arrays[f"variable_{i}"] = view if isinstance(view, np.ndarray) else view.copy_to_host()
+    lr = sd["learning_rate"]
     meta = {
         "format": _FORMAT,
         "format_version": FORMAT_VERSION,
         "refopt_version": __version__,
-        "class": type(optimizer).__name__,
-        "config": _jsonable(optimizer.get_config()),
-        "iterations": int(optimizer.iterations),
+        "class": sd["class"],
+        "config": _jsonable(sd["config"]),
+        "iterations": sd["iterations"],
         "learning_rate": None if lr is None else float(lr).hex(),
         "built": built,
         "shapes": [list(v.shape) for v in views],
@@ -231,13 +243,14 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
         "slots": list(names) if built else [],
         "has_variables": bool(include_variables),
         # convention step_counter="per_variable" (torch): each variable's own step count
-        "variable_steps": list(map(int, optimizer._var_steps)) if built else [],
+        "variable_steps": steps,
     }
     _write_file(path, meta, arrays)
     return meta
 
 
 def _read(path):
+    path = _check_path(path, "path")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {key: z[key] for key in z.files}  # reads (and CRC-checks) every member
@@ -247,23 +260,22 @@ def _read(path):
         raise
     except Exception as exc:  # noqa: BLE001 - zip, npy and JSON errors all mean a bad file
         raise CheckpointError(
-            f"Cannot read the checkpoint {os.fspath(path)}: it is truncated, corrupted or not a "
+            f"Cannot read the checkpoint {path}: it is truncated, corrupted or not a "
             f"refopt checkpoint ({type(exc).__name__}: {exc})"
         ) from None
     if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-        raise CheckpointError(f"{os.fspath(path)} is not a refopt checkpoint (format "
+        raise CheckpointError(f"{path} is not a refopt checkpoint (format "
                               f"{meta.get('format') if isinstance(meta, dict) else None!r}).")
     if _digest(dict(arrays, meta=np.array(json.dumps(meta)))) != digest:
         raise CheckpointError(
-            f"The checkpoint {os.fspath(path)} is corrupted: its SHA-256 does not match its "
-            "contents."
+            f"The checkpoint {path} is corrupted: its SHA-256 does not match its contents."
         )
     version = meta.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise CheckpointError(f"{os.fspath(path)} has an invalid format_version={version!r}.")
+        raise CheckpointError(f"{path} has an invalid format_version={version!r}.")
     if version > FORMAT_VERSION:
         raise CheckpointError(
-            f"{os.fspath(path)} was written by refopt {meta.get('refopt_version')} in checkpoint "
+            f"{path} was written by refopt {meta.get('refopt_version')} in checkpoint "
             f"format {version}; this refopt reads format {FORMAT_VERSION} and older. Upgrade "
             "refopt to load it."
         )
@@ -281,73 +293,197 @@ def _expect(arrays, key, shape, dtype, path):
     return a
 
 
-def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
-    """Restore a checkpoint into a new optimizer (and its variables); all or nothing.
+class Restored(NamedTuple):
+    """What :func:`load_checkpoint` returns when it rebuilds the optimizer from the file.
+
+    Unpack it as a pair: ``optimizer, variables = refopt.load_checkpoint(path)``.
+
+    Attributes
+    ----------
+    optimizer : refopt.Optimizer
+        A new optimizer of the saved class and configuration (``from_config``), built with
+        ``variables`` and holding the saved state.
+    variables : list of ndarray (device arrays for ``backend="cuda"``)
+        The variables in the saved order: new arrays holding the saved values, or the arrays
+        passed as ``variables=``. Pass these same objects to ``apply_gradients``.
+    """
+
+    optimizer: Optimizer
+    variables: list
+
+
+def _optimizer_class(name, custom_objects, path):
+    import refopt.optimizers as _optimizers
+
+    cls = (custom_objects or {}).get(name)
+    if cls is None and name in _optimizers.__all__:
+        cls = getattr(_optimizers, name)
+    if not (isinstance(cls, type) and issubclass(cls, Optimizer)) or cls is Optimizer:
+        raise CheckpointError(
+            f"{path} holds the state of an optimizer of class {name!r}, which is not one of "
+            f"refopt's optimizers; pass your class as custom_objects={{{name!r}: YourClass}}, "
+            "or create the optimizer yourself and call load_checkpoint(path, optimizer, "
+            "variables).")
+    return cls
+
+
+def _rebuild(path, meta, arrays, variables, backend, custom_objects):
+    """The optimizer (from the file's class and config) and the variables to load into."""
+    cls = _optimizer_class(meta.get("class"), custom_objects, path)
+    config = dict(meta["config"])
+    if backend is not None:
+        config["backend"] = backend
+    try:
+        optimizer = cls.from_config(config, custom_objects=custom_objects)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(
+            f"Cannot recreate the {cls.__name__} saved in {path} from its config ({exc})"
+        ) from None
+    if variables is not None:
+        return optimizer, variables
+    shapes = [tuple(s) for s in meta["shapes"]]
+    dtypes = [np.dtype(d) for d in meta["dtypes"]]
+    if not meta["has_variables"]:
+        if meta["built"]:
+            raise CheckpointError(
+                f"{path} was saved without its variables (include_variables=False): pass the "
+                "variables to load the state into, load_checkpoint(path, variables=[...]).")
+        return optimizer, []
+    if optimizer.backend == "cuda":
+        from refopt.kernels.cuda import to_device
+
+        variables = [to_device(np.zeros(s, d)) for s, d in zip(shapes, dtypes)]
+    else:
+        variables = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
+    return optimizer, variables
+
+
+def load_checkpoint(path, optimizer=None, variables=None, *, restore_variables=True,
+                    backend=None, custom_objects=None):
+    """Restore a checkpoint: into a new optimizer you made, or into one made from the file.
+
+    Two forms:
+
+    - ``load_checkpoint(path, optimizer, variables)``: restore into ``optimizer``, a new one
+      of the saved class and configuration, built with ``variables``; returns the metadata.
+    - ``load_checkpoint(path)`` (or ``load_checkpoint(path, variables=params)``): the
+      optimizer is created from the file alone (its class among refopt's optimizers or
+      ``custom_objects``, then ``from_config`` of the saved config, as Keras'
+      ``load_model`` does) and returned with its variables, as the pair
+      :class:`Restored` ``(optimizer, variables)``: new arrays holding the saved values
+      (like ``torch.load`` giving tensors back), or ``params`` filled with them. A refopt
+      optimizer is tied to its variables by identity (like ``tf.Variable``), so it is
+      returned together with the arrays it was built on.
 
     Parameters
     ----------
     path : str or os.PathLike
         A file written by :func:`save_checkpoint`.
-    optimizer : refopt.Optimizer
+    optimizer : refopt.Optimizer, optional
         A new, **not yet built** optimizer of the saved class and configuration (create it as
-        the saved one was; ``name``, ``backend`` and ``jit_compile`` may differ). Call its
-        ``exclude_from_weight_decay`` before loading if the saved one used it: that setting is
-        not part of ``get_config`` and is not saved.
-    variables : list of ndarray (device arrays for ``backend="cuda"``)
+        the saved one was; ``name``, ``backend`` and ``jit_compile`` may differ; a float
+        ``learning_rate`` is restored from the file). Call its ``exclude_from_weight_decay``
+        before loading if the saved one used it: that setting is not saved. ``None``: create
+        it from the file.
+    variables : list of ndarray (device arrays for ``backend="cuda"``), optional
         The variables, in the order given to :func:`save_checkpoint`, each of the saved shape
         and dtype, C-contiguous and writeable. The optimizer is built with them; on the GPU the
-        saved values are copied into the device slots and variables in place.
+        saved values are copied into the device slots and variables in place. Required with
+        ``optimizer``; without it, new arrays are made (the file must hold the variables,
+        unless the saved optimizer was never built).
     restore_variables : bool, default True
         Copy the saved values into ``variables`` (when the checkpoint has them).
+    backend : {"reference", "cpu", "cuda"}, optional
+        Only when the optimizer is created from the file: its backend instead of the saved
+        one (``"cuda"``: the new variables are device arrays).
+    custom_objects : dict, optional
+        Only when the optimizer is created from the file: class names mapped to your own
+        optimizer or schedule classes (as Keras' ``custom_objects``).
 
     Returns
     -------
-    dict
-        The checkpoint's metadata.
+    dict or Restored
+        With ``optimizer``: the checkpoint's metadata. Without: ``Restored(optimizer,
+        variables)``, a named pair.
 
     Raises
     ------
     FileNotFoundError
         If ``path`` does not exist.
+    IsADirectoryError
+        If ``path`` is a directory.
     CheckpointError
         (a ``ValueError``) if the file is truncated, corrupted or not a checkpoint, was written
         in a newer format version, or does not match: another optimizer class or
-        configuration, another number of variables, or a variable of another shape or dtype.
-        The message names what differs.
+        configuration, another number of variables, or a variable of another shape or dtype;
+        an unknown class without ``custom_objects``; a file without variables and no
+        ``variables``. The message names what differs.
     ValueError
         If the optimizer is already built, or a variable is not C-contiguous and writeable.
     TypeError
-        If ``optimizer`` is not a refopt optimizer or ``variables`` not a list of ndarrays
+        If ``optimizer`` is not a refopt optimizer, ``variables`` not a list of ndarrays
         (of device arrays for ``backend="cuda"``: a host ndarray is refused, naming
-        ``to_device``).
+        ``to_device``), or ``variables`` is missing with ``optimizer``.
 
     Notes
     -----
-    Nothing is modified unless every check passes. Then ``iterations`` is set, the optimizer is
-    built with ``variables``, and every slot and EMA average is overwritten with the saved one.
-    With a learning-rate schedule, ``optimizer.learning_rate`` is the saved value (the one the
-    last step before the save used), as it was before saving.
+    Nothing is modified unless every check passes. Then the state is restored with
+    :meth:`Optimizer.load_state_dict <refopt.Optimizer.load_state_dict>` (``iterations``,
+    every slot and EMA average, the per-variable step counts; with a schedule,
+    ``optimizer.learning_rate`` is the saved value, the one the last step before the save
+    used) and the variables are overwritten with the saved values.
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, refopt
+    >>> w = np.ones(3, np.float32)
+    >>> opt = refopt.Adam(learning_rate=0.1, backend="reference")
+    >>> _ = opt.apply_gradients([(np.full(3, 0.5, np.float32), w)])
+    >>> path = os.path.join(tempfile.mkdtemp(), "run.npz")
+    >>> _ = refopt.save_checkpoint(path, opt, [w])
+    >>> opt2, (w2,) = refopt.load_checkpoint(path)
+    >>> type(opt2).__name__, opt2.iterations, np.array_equal(w2, w)
+    ('Adam', 1, True)
     """
+    if optimizer is None:
+        if not (isinstance(custom_objects, dict) or custom_objects is None):
+            raise TypeError("`custom_objects` must be a dict of class names to classes. "
+                            f"Received: custom_objects={custom_objects!r}")
+        meta, arrays = _read(path)
+        optimizer, variables = _rebuild(os.fspath(path), meta, arrays, variables, backend,
+                                        custom_objects)
+        _load(path, optimizer, variables, restore_variables, meta, arrays)
+        return Restored(optimizer, variables)
+    if backend is not None or custom_objects is not None:
+        raise TypeError("`backend` and `custom_objects` apply only when load_checkpoint "
+                        "creates the optimizer (optimizer=None). Received: "
+                        f"backend={backend!r}, custom_objects={custom_objects!r}")
+    _check_optimizer(optimizer)
+    if variables is None:
+        raise TypeError("`variables` is required with `optimizer`: the list of variables to "
+                        "build it with, in the saved order (or call load_checkpoint(path) to "
+                        "get new ones).")
+    return _load(path, optimizer, variables, restore_variables)
+
+
+def _load(path, optimizer, variables, restore_variables, meta=None, arrays=None):
     _check_optimizer(optimizer)
     variables, views = _check_variables(variables, optimizer)
-    meta, arrays = _read(path)
+    if meta is None:
+        meta, arrays = _read(path)
     p = os.fspath(path)
     if meta.get("class") != type(optimizer).__name__:
         raise CheckpointError(
             f"{p} holds the state of an optimizer of class {meta.get('class')}; cannot load "
             f"it into one of class {type(optimizer).__name__}."
         )
-    saved = {k: v for k, v in meta["config"].items() if k not in _IGNORED_CONFIG_KEYS}
-    current = _normalized_config(optimizer)
-    diffs = [f"{k}: saved {saved.get(k, '(absent)')!r}, "
-             f"this optimizer {current.get(k, '(absent)')!r}"
-             for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    diffs = optimizer._config_differences(meta["config"])
     if diffs:
         raise CheckpointError(
             f"{p} was saved from an optimizer with another configuration; create the optimizer "
             "with the saved one (optimizer.from_config). Differences: " + "; ".join(diffs)
         )
-    if _built_count(optimizer) > 0:
+    if optimizer.built:
         raise ValueError(
             "load_checkpoint needs a new optimizer that has not been built yet (no build() or "
             "apply_gradients() call): `iterations` can only be set before building."
@@ -366,42 +502,35 @@ def load_checkpoint(path, optimizer, variables, *, restore_variables=True):
             )
         if isinstance(var, np.ndarray) and not (var.flags.c_contiguous and var.flags.writeable):
             raise ValueError(f"`variables[{i}]` must be C-contiguous and writeable.")
-    iterations = meta.get("iterations")
-    if not isinstance(iterations, numbers.Integral) or isinstance(iterations, bool) \
-            or not 0 <= iterations < 2**63:
-        raise CheckpointError(f"{p} has an invalid iterations={iterations!r}.")
     names = optimizer.slot_names
     if meta["built"] and list(names) != meta["slots"]:
         raise CheckpointError(f"{p} has slots {meta['slots']}; this optimizer has {list(names)}.")
-    slots = {}
+    slots = {name: [] for name in names} if meta["built"] else {}
     if meta["built"]:
         for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
             for name in names:
-                slots[name, i] = _expect(arrays, f"slot_{name}_{i}",
-                                         tuple(optimizer.slot_shape(name, shape)), dtype, p)
+                slots[name].append(_expect(arrays, f"slot_{name}_{i}",
+                                           tuple(optimizer.slot_shape(name, shape)), dtype, p))
     values = []
     if restore_variables and meta["has_variables"]:
         values = [_expect(arrays, f"variable_{i}", s, d, p)
                   for i, (s, d) in enumerate(zip(shapes, dtypes))]
-
     steps = meta.get("variable_steps", [])
-    if not isinstance(steps, list) or not all(
-            isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= iterations
-            for k in steps):
-        raise CheckpointError(f"{p} has an invalid variable_steps={steps!r}.")
-    # Every check passed: now change things (none of the calls below can fail on valid input).
-    optimizer.iterations = int(iterations)
-    if meta.get("learning_rate") is not None and not isinstance(
-        optimizer.get_config()["learning_rate"], numbers.Real
-    ):
-        # A schedule: show the value the last saved step used, as before the save.
-        optimizer._current_learning_rate = float.fromhex(meta["learning_rate"])
-    if meta["built"]:
-        optimizer.build(variables)
-        if len(steps) == len(variables):
-            optimizer._var_steps = list(steps)
-        for (name, i), value in slots.items():
-            _write_into(optimizer.get_slot(variables[i], name), value)
-    for var, value in zip(views, values):
-        _write_into(var, value)
+    lr = meta.get("learning_rate")
+    try:
+        lr = None if lr is None else float.fromhex(lr)
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{p} has an invalid learning_rate={lr!r}.") from None
+    state = {"class": meta["class"], "config": meta["config"], "iterations": meta.get("iterations"),
+             "learning_rate": lr, "built": bool(meta["built"]), "slot_names": list(names),
+             "slots": slots, "variable_steps": steps if isinstance(steps, list) else [steps]}
+    try:  # all or nothing: it checks everything, then builds and writes the slots
+        optimizer.load_state_dict(state, var_list=variables if meta["built"] else None)
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"{p} does not match the optimizer: {exc}") from None
+    for var, value in zip(views, values):  # checked above: cannot fail
+        if isinstance(var, np.ndarray):
+            np.copyto(var, value)
+        elif value.size:
+            var.copy_to_device(np.ascontiguousarray(value))
     return meta

@@ -15,6 +15,20 @@ Subcommands:
     (:func:`refopt.testing.assert_conforms`); exit status 0 when it conforms, 1 when it diverges,
     2 for a usage error.
 
+``refopt explain SOURCE``
+    Find the convention knobs or classic slip that reproduce a foreign trajectory (a golden file,
+    a bundled case, or MODULE:OBJECT) and print the nearest settings
+    (:func:`refopt.testing.explain`); exit status 0 when one reproduces it, 1 otherwise.
+
+``refopt conformance``
+    Replay the golden cases recorded from the frameworks (:mod:`refopt.conformance`).
+
+``refopt info``
+    Versions, available backends, threads, conventions, optimizers, the kernel cache folder and
+    the golden cases (``--json`` for one JSON object: :func:`collect_info`).
+
+``refopt`` alone prints the help and exits with status 0.
+
 Adding a subcommand: write ``_add_NAME(subparsers)``, which registers its parser with
 ``set_defaults(handler=_run_NAME)``, and list it in :data:`_SUBCOMMANDS`. A handler takes the parsed
 arguments and returns an exit status; it raises :class:`CommandError` for a failure the user
@@ -32,7 +46,7 @@ import os
 import sys
 import time
 
-__all__ = ["CommandError", "build_parser", "main"]
+__all__ = ["CommandError", "build_parser", "collect_info", "main"]
 
 
 class CommandError(Exception):
@@ -302,6 +316,12 @@ def _run_demo(args):
                 continue
             near = demo.nearest_neighbours(result.embeddings, result.vocab, word, k=6)
             print(f"  {word:<{width}}  " + ", ".join(f"{w} {s:.2f}" for w, s in near))
+        mean_sim = demo.mean_cosine_similarity(result.embeddings)
+        if mean_sim > demo.UNDERTRAINED_SIMILARITY:
+            print(f"note        the model is undertrained: two words picked at random already "
+                  f"have cosine similarity {mean_sim:.2f} on average (the vectors still share "
+                  f"one direction), so these neighbours mean little yet; train longer "
+                  f"(--epochs, default 20) or on more text")
 
     if out_dir is not None:
         npz = os.path.join(out_dir, "embeddings.npz")
@@ -482,7 +502,9 @@ def _config(args):
         kwargs = dict(config)
         if isinstance(kwargs.get("learning_rate"), dict):
             kwargs["learning_rate"] = schedules.deserialize(kwargs["learning_rate"])
-        cls(**kwargs, convention=args.convention)
+        # Validation only: the reference backend, whatever $REFOPT_BACKEND says (a missing
+        # GPU must not turn a usage check into a traceback).
+        cls(**kwargs, convention=args.convention, backend="reference")
     except (TypeError, ValueError, NotImplementedError) as exc:
         raise CommandError(_one_line(exc)) from None
     return config
@@ -512,8 +534,10 @@ def _add_golden(subparsers):
         "golden",
         help="write a golden trajectory (.npz and JSON) for tests in other languages",
         description=(
-            "Generate initial variables and gradients from a seed, run them through refopt's "
-            "reference optimizer, and write the inputs and the variables and every state slot "
+            "Generate initial variables and gradients from a seed, run them through refopt "
+            "with the numerics of --convention (tf_keras, keras3, keras2, tf1, torch or optax; "
+            "computed by the reference backend, whose bits every backend reproduces), and write "
+            "the inputs and the variables and every state slot "
             "after each step to PREFIX.npz and PREFIX.json (floats as exact hex strings, "
             "float.hex). The format is documented in the README (Porting an optimizer) and in "
             "refopt.testing.golden."
@@ -531,7 +555,7 @@ def _add_golden(subparsers):
         "(random rows, duplicates included)",
     )
     p.add_argument("--out", required=True, metavar="PREFIX",
-                   help="write PREFIX.npz and PREFIX.json")
+                   help="write PREFIX.npz and PREFIX.json (missing folders are created)")
     p.add_argument(
         "--format", choices=("both", "json", "npz"), default="both",
         help="which files to write (default: %(default)s)",
@@ -560,8 +584,11 @@ def _run_golden(args):
     if args.format in ("both", "json"):
         paths["json_path"] = args.out + ".json"
     directory = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(directory):
-        raise CommandError(f"--out {args.out}: directory {directory} does not exist")
+    try:  # as `refopt demo --out` does: a fresh checkout has no golden/ folder
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise CommandError(f"--out {args.out}: cannot create directory {directory}: "
+                           f"{exc.strerror or exc}") from None
     try:
         doc = golden.write_golden(trajectory, seed=args.seed, **paths)
     except OSError as exc:
@@ -681,8 +708,8 @@ def _run_check(args):
         from refopt.testing import ConformanceError, assert_conforms
         import hypothesis  # noqa: F401 - assert_conforms imports it when called
     except ImportError:
-        raise CommandError("refopt check needs Hypothesis: pip install hypothesis "
-                           "(or refopt's test extra)") from None
+        raise CommandError('refopt check needs Hypothesis: pip install "refopt[testing]"') \
+            from None
     bad = [v for v in args.vary if v not in ("weight_decay", "clipping", "ema", "schedules")]
     if bad:
         raise CommandError(f"--vary {','.join(bad)}: expected some of weight_decay, clipping, "
@@ -710,8 +737,103 @@ def _run_check(args):
             print("the candidate's exception:")
             print("".join(traceback.format_exception(err.__cause__)).rstrip())
         return 1
+    except (TypeError, ValueError) as exc:  # a usage problem (e.g. a slot to map): no verdict
+        hint = (" (on the command line: --slot-map REF=NAME, or REF= to leave it out)"
+                if "slot_map=" in str(exc) else "")
+        raise CommandError(_one_line(exc) + hint) from None
     print(f"refopt check: {args.target} conforms to {what}")
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# refopt explain
+
+
+def _add_explain(subparsers):
+    p = subparsers.add_parser(
+        "explain",
+        help="find the convention knobs or classic slip that reproduce a foreign trajectory",
+        description=(
+            "Replay a foreign trajectory through refopt under every convention preset, each "
+            "preset with one knob changed, each preset with one classic slip (epsilon inside "
+            "the root, no bias correction, float32 powers, step counter off by one, coupled "
+            "weight decay, ...) and, when nothing matches, pairs of changes; print the "
+            "settings that come nearest, in ulp (each step replayed from the recorded state), "
+            "and where each first diverges. SOURCE is a golden file in refopt's format "
+            "(.npz or .json), a bundled golden case (an id from `refopt conformance --list`, "
+            "or its .npz), or MODULE:OBJECT, a candidate implementation as `refopt check` "
+            "takes it, run on inputs generated from --seed. See refopt.testing.explain. "
+            "Exit status: 0 a setting reproduces it (within the tolerance), 1 none does, "
+            "2 usage error."
+        ),
+    )
+    p.add_argument("source", metavar="SOURCE",
+                   help="golden file, bundled case id (e.g. torch/adam_fused_f32) or "
+                   "MODULE:OBJECT")
+    p.add_argument("--top", type=_int_at_least(1), default=5, metavar="N",
+                   help="how many settings to print (default: %(default)s)")
+    p.add_argument(
+        "--tolerance-ulp", type=_nonnegative_float, default=None, metavar="ULP",
+        help="largest distance per step that counts as a match (default: the bundled case's "
+        "stated tolerance, else 0: bit for bit)",
+    )
+    p.add_argument("--no-pairs", action="store_true",
+                   help="do not try pairs of changes when no single change matches")
+    cand = p.add_argument_group("with MODULE:OBJECT (the candidate's inputs)")
+    _add_optimizer_options(cand, steps_default=20)
+    cand.add_argument(
+        "--shape", dest="shapes", type=_shape, action="append", metavar="D1,D2,...",
+        help="shape of one variable; repeatable (default: 5 and 4,3)",
+    )
+    cand.add_argument("--sparse", action="store_true", help="IndexedSlices gradients")
+    cand.add_argument(
+        "--slot-map", type=_slot_map_option, default=None, metavar="REF=NAME,...",
+        help="refopt slot names to the candidate's, e.g. m=exp_avg,v=exp_avg_sq (NAME empty: "
+        "not recorded); default: the object's slot_map attribute, else the same names",
+    )
+    cand.add_argument("--kind", choices=("auto", "stateful", "step"), default="auto",
+                      help="how to call OBJECT (default: %(default)s, as refopt check)")
+    p.set_defaults(handler=_run_explain)
+
+
+def _run_explain(args):
+    from refopt import conformance
+    from refopt.testing.explain import explain
+
+    source = args.source
+    is_file = os.path.exists(source)
+    is_case = not is_file and any(e["id"] == source for e in conformance.load_manifest())
+    options = {}
+    if not is_file and not is_case:
+        if ":" not in source:
+            raise CommandError(f"{source}: no such file or bundled golden case (see `refopt "
+                               "conformance --list`; MODULE:OBJECT for a candidate)")
+        candidate = _load_object(source)
+        options = {"optimizer": args.optimizer, "config": _config(args), "dtype": args.dtype,
+                   "convention": args.convention, "steps": args.steps, "seed": args.seed,
+                   "shapes": args.shapes or ((5,), (4, 3)), "sparse": args.sparse,
+                   "slot_map": args.slot_map, "kind": args.kind}
+        source = candidate
+    else:
+        given = [flag for flag, value in (("--set", args.settings), ("--shape", args.shapes),
+                                          ("--sparse", args.sparse),
+                                          ("--slot-map", args.slot_map),
+                                          ("--convention", args.convention))
+                 if value]
+        if given:
+            raise CommandError(f"{', '.join(given)}: only for a candidate (MODULE:OBJECT); "
+                               f"{source} is a recorded trajectory")
+    try:
+        result = explain(source, top=args.top, tolerance_ulp=args.tolerance_ulp,
+                         pairs=not args.no_pairs, **options)
+    except RuntimeError as exc:  # the candidate raised while it was run
+        print(f"refopt explain: {exc}")
+        return 1
+    except (OSError, ValueError, TypeError) as exc:
+        raise CommandError(_one_line(exc)) from None
+    print("refopt explain")
+    print(result.report(top=args.top))
+    return 0 if result.match is not None else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -729,8 +851,8 @@ def _add_conformance(subparsers):
         "tolerance. Exit status 1 when a case fails.",
     )
     p.add_argument("--backend", choices=("reference", "cpu", "cuda"), default="reference",
-                   help="refopt backend to replay through (default: reference); cuda replays "
-                   "only the cases with tf-keras numerics and dense gradients")
+                   help="refopt backend to replay through (default: reference); every case "
+                   "replays on each (cuda needs numba-cuda and a GPU or its simulator)")
     p.add_argument("--filter", default=None, metavar="TEXT",
                    help="only the cases whose id contains TEXT (e.g. 'torch/' or 'sparse')")
     p.add_argument("--list", action="store_true", help="list the cases without replaying")
@@ -755,15 +877,19 @@ def _run_conformance(args):
             kc.require_device()
         except (ImportError, RuntimeError) as exc:
             raise CommandError(f"--backend cuda: {exc}") from None
-    header = f"{'case':44s} {'framework':34s} {'optimizer':9s} {'steps':>5s} {'max ulp':>8s} " \
-             f"{'tol':>4s}  result"
+    # Columns as wide as their longest entry (the framework column lists every package).
+    wc = max(len("case"), *(len(e["id"]) for e in entries))
+    wf = max(len("framework"), *(len(conformance.framework_versions(e)) for e in entries))
+    wo = max(len("optimizer"), *(len(e["optimizer"]) for e in entries))
+    header = f"{'case':{wc}s} {'framework':{wf}s} {'optimizer':{wo}s} {'steps':>5s} " \
+             f"{'max ulp':>8s} {'tol':>4s}  result"
     print(header)
     print("-" * len(header))
     failed = []
     for e in entries:
         r = conformance.replay(e, backend=args.backend)
         ulp = "inf" if r.max_ulp == float("inf") else f"{r.max_ulp:g}"
-        print(f"{r.case:44s} {r.version[:34]:34s} {r.optimizer:9s} {r.steps:5d} {ulp:>8s} "
+        print(f"{r.case:{wc}s} {r.version:{wf}s} {r.optimizer:{wo}s} {r.steps:5d} {ulp:>8s} "
               f"{r.tolerance_ulp:4d}  {'pass' if r.passed else 'FAIL'}", flush=True)
         if not r.passed:
             failed.append(r)
@@ -775,7 +901,223 @@ def _run_conformance(args):
     return 1 if failed else 0
 
 
-_SUBCOMMANDS = [_add_demo, _add_golden, _add_check, _add_conformance]
+# ---------------------------------------------------------------------------------------------
+# refopt info
+
+#: Distributions whose versions ``refopt info`` reports (None where not installed), in order.
+_INFO_PACKAGES = ("numpy", "numba", "numba-cuda", "scipy", "hypothesis", "tqdm", "matplotlib",
+                  "torch", "jax", "jaxlib", "optax", "tensorflow", "tf_keras", "keras")
+
+
+def _dist_version(name):
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _info_cuda(numba_cuda_version):
+    """The cuda backend's state: numba-cuda, the simulator, a GPU (imports numba.cuda)."""
+    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+    out = {"available": False, "numba_cuda": numba_cuda_version, "simulator": simulator,
+           "devices": [], "detail": None}
+    if numba_cuda_version is None:
+        out["detail"] = 'numba-cuda is not installed (pip install "refopt[cuda]")'
+        return out
+    try:
+        from numba import cuda
+
+        out["available"] = bool(cuda.is_available())
+        if out["available"] and not simulator:
+            out["devices"] = [d.name.decode() if isinstance(d.name, bytes) else str(d.name)
+                              for d in cuda.list_devices()]
+    except Exception as exc:  # noqa: BLE001 - a broken driver reads as "not available"
+        out["detail"] = f"numba.cuda failed: {type(exc).__name__}: {_one_line(exc)}"
+        return out
+    if simulator:
+        out["detail"] = "numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1: slow, for tests)"
+    elif out["available"]:
+        out["detail"] = ", ".join(out["devices"]) or "a GPU"
+    else:
+        out["detail"] = ("no usable GPU (numba.cuda.is_available() is False); "
+                         "NUMBA_ENABLE_CUDASIM=1 runs the simulator")
+    return out
+
+
+def _info_optimizers():
+    """Each optimizer class and the presets it exists under (constructed, never run)."""
+    import warnings
+
+    from refopt import optimizers
+    from refopt.conventions import PRESETS
+    from refopt.testing.trajectory import default_convention
+
+    table = {}
+    for name in optimizers.__all__:
+        cls = getattr(optimizers, name)
+        if not (isinstance(cls, type) and issubclass(cls, optimizers.Optimizer)) \
+                or cls is optimizers.Optimizer:
+            continue
+        having = []
+        for conv in PRESETS:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for kwargs in ({}, {"learning_rate": 0.01}):  # some have no default rate there
+                    try:
+                        cls(convention=conv, backend="reference", **kwargs)
+                    except TypeError:
+                        continue
+                    except (ValueError, NotImplementedError):
+                        break
+                    having.append(conv)
+                    break
+        table[name] = {"conventions": having, "default": default_convention(cls)}
+    return table
+
+
+def collect_info():
+    """What ``refopt info`` reports, as a JSON-serialisable dict.
+
+    Returns
+    -------
+    dict
+        ``refopt`` (version), ``python`` (version, executable), ``platform``, ``packages``
+        (distribution -> version or None), ``default_backend`` (or the error of a bad
+        ``$REFOPT_BACKEND``), ``backends`` (``reference``, ``cpu``, ``cuda``: ``available`` and
+        ``detail``; cuda also ``numba_cuda``, ``simulator``, ``devices``), ``numba_threads``
+        (``threads``, ``max``, ``threading_layer``), ``conventions`` (preset -> framework),
+        ``optimizers`` (class name -> ``conventions``, the presets it exists under, and its
+        ``default``), ``kernel_cache`` (``path``
+        and where it came from) and ``golden_cases`` (``total``, ``bit_identical``,
+        ``by_convention``).
+    """
+    import platform
+
+    from refopt import __version__, conformance
+    from refopt.conventions import PRESETS
+    from refopt.executors import BACKEND_ENV, default_backend
+
+    packages = {name: _dist_version(name) for name in _INFO_PACKAGES}
+    info = {
+        "refopt": __version__,
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "platform": platform.platform(),
+        "packages": packages,
+    }
+    try:
+        info["default_backend"] = default_backend()
+    except ValueError as exc:
+        info["default_backend"] = f"error: {_one_line(exc)}"
+    info["backend_env"] = os.environ.get(BACKEND_ENV)
+
+    cpu = {"available": False, "detail": None}
+    threads = {"threads": None, "max": None, "threading_layer": None}
+    try:
+        import numba
+
+        threads = {"threads": numba.get_num_threads(), "max": numba.config.NUMBA_NUM_THREADS,
+                   "threading_layer": numba.config.THREADING_LAYER}
+        cpu = {"available": True, "detail": f"Numba {numba.__version__}, "
+               f"{threads['threads']} thread(s)"}
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        cpu["detail"] = f"Numba cannot be imported: {type(exc).__name__}: {_one_line(exc)}"
+    cache = {"path": None, "source": None, "env": os.environ.get("REFOPT_KERNEL_CACHE")}
+    if cpu["available"]:
+        try:
+            from pathlib import Path
+
+            from refopt.kernels.cpu.drivers import _cache_dir
+
+            path = _cache_dir()
+            cache["path"] = str(path)
+            cache["source"] = ("REFOPT_KERNEL_CACHE" if cache["env"] and path == Path(cache["env"])
+                               else "home" if path == Path.home() / ".cache" / "refopt" / "kernels"
+                               else "temporary folder")
+        except Exception as exc:  # noqa: BLE001 - no writable folder: reported
+            cache["source"] = f"error: {_one_line(exc)}"
+    info["backends"] = {
+        "reference": {"available": True, "detail": f"NumPy {packages['numpy']}"},
+        "cpu": cpu,
+        "cuda": _info_cuda(packages["numba-cuda"]),
+    }
+    info["numba_threads"] = threads
+    info["kernel_cache"] = cache
+    info["conventions"] = {name: preset.framework for name, preset in PRESETS.items()}
+    info["optimizers"] = _info_optimizers()
+    cases = conformance.load_manifest()
+    by_convention = {}
+    for e in cases:
+        by_convention[e["convention"]] = by_convention.get(e["convention"], 0) + 1
+    info["golden_cases"] = {
+        "total": len(cases),
+        "bit_identical": sum(1 for e in cases if e["tolerance_ulp"] == 0),
+        "by_convention": by_convention,
+    }
+    return info
+
+
+def _add_info(subparsers):
+    p = subparsers.add_parser(
+        "info",
+        help="versions, backends, threads, conventions, optimizers, kernel cache, golden cases",
+        description="Print what refopt finds here: the versions of refopt, Python and the "
+        "packages it uses or interoperates with, which backends work (reference; cpu through "
+        "Numba; cuda through numba-cuda, on a GPU or the simulator), Numba's threads, the "
+        "conventions and the optimizers each exists under, the kernel cache folder and the "
+        "bundled golden cases. Paste it into a bug report.",
+    )
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of text")
+    p.set_defaults(handler=_run_info)
+
+
+def _run_info(args):
+    info = collect_info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+
+    def yes(flag):
+        return "yes" if flag else "no "
+
+    print(f"refopt      {info['refopt']}")
+    print(f"python      {info['python']['version']} ({info['python']['executable']})")
+    print(f"platform    {info['platform']}")
+    present = [f"{k} {v}" for k, v in info["packages"].items() if v is not None]
+    absent = [k for k, v in info["packages"].items() if v is None]
+    print(f"packages    {', '.join(present)}")
+    if absent:
+        print(f"not found   {', '.join(absent)}")
+    env = info["backend_env"]
+    print(f"backends    default {info['default_backend']}"
+          + (f" (REFOPT_BACKEND={env})" if env else " (REFOPT_BACKEND not set)"))
+    for name, b in info["backends"].items():
+        print(f"  {name:9s} {yes(b['available'])} {b['detail'] or ''}".rstrip())
+    t = info["numba_threads"]
+    if t["threads"] is not None:
+        print(f"threads     Numba {t['threads']} of {t['max']} (NUMBA_NUM_THREADS; threading "
+              f"layer {t['threading_layer']})")
+    c = info["kernel_cache"]
+    where = f" ({c['source']})" if c["source"] else ""
+    print(f"kernels     {c['path'] or 'no cache folder'}{where}")
+    print("conventions")
+    for name, framework in info["conventions"].items():
+        print(f"  {name:9s} {framework}")
+    print("optimizers")
+    width = max(len(n) for n in info["optimizers"])
+    for name, o in info["optimizers"].items():
+        listed = [f"{c} (default)" if c == o["default"] else c for c in o["conventions"]]
+        print(f"  {name:{width}s}  {', '.join(listed)}")
+    g = info["golden_cases"]
+    per = ", ".join(f"{k} {v}" for k, v in g["by_convention"].items())
+    print(f"golden      {g['total']} cases ({g['bit_identical']} bit-identical; {per}): "
+          "refopt conformance replays them")
+    return 0
+
+
+_SUBCOMMANDS = [_add_demo, _add_golden, _add_check, _add_explain, _add_conformance, _add_info]
 
 
 def build_parser():
@@ -789,8 +1131,10 @@ def build_parser():
 
     parser = argparse.ArgumentParser(
         prog="refopt",
-        description="refopt: numerical ground truth for gradient-based optimizers "
-        "(NumPy reference Adam/AdamW/LazyAdam/SGD with TensorFlow/Keras semantics).",
+        description="refopt: numerical ground truth for gradient-based optimizers: "
+        "NumPy reference optimizers with the exact numerics of tf_keras, Keras 3, Keras 2, "
+        "TF1, PyTorch and optax, and Numba fast paths (cpu, cuda) with the same bits. "
+        "`refopt info` says what is installed and available here.",
     )
     parser.add_argument("--version", action="version", version=f"refopt {__version__}")
     subparsers = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
@@ -810,7 +1154,8 @@ def main(argv=None):
     Returns
     -------
     int
-        The exit status: 0 on success, 1 when ``refopt check`` finds a divergence or
+        The exit status: 0 on success (and for ``refopt`` alone, which prints the help),
+        1 when ``refopt check`` finds a divergence or
         ``refopt conformance`` a failing case, 2 for a usage
         error (bad option, missing file, unsupported backend; argparse's convention), 130 when
         interrupted.
@@ -821,9 +1166,9 @@ def main(argv=None):
     except SystemExit as exc:  # --help, --version, usage errors: argparse already printed
         return exc.code if isinstance(exc.code, int) else 2
     handler = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help(sys.stderr)
-        return 2
+    if handler is None:  # `refopt` alone asks what there is: the help, and success (git's way)
+        parser.print_help(sys.stdout)
+        return 0
     try:
         return handler(args)
     except CommandError as exc:
@@ -834,3 +1179,8 @@ def main(argv=None):
         sys.stdout.flush()
         print(f"refopt {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `refopt conformance --list | head`: the reader left; stop quietly
+        # (Python's documented recipe: point stdout at devnull so the exit flush cannot fail)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a killed writer

@@ -33,7 +33,8 @@ import numpy as np
 from refopt.conventions import get_convention
 from refopt.indexed_slices import IndexedSlices
 
-__all__ = ["ReplayResult", "load_manifest", "load_case", "replay", "replay_all"]
+__all__ = ["ReplayResult", "framework_versions", "load_case", "load_manifest", "replay",
+           "replay_all"]
 
 
 def _data():
@@ -51,6 +52,24 @@ def load_manifest():
     """
     with (_data() / "manifest.json").open() as f:
         return json.load(f)["cases"]
+
+
+def framework_versions(entry):
+    """The framework packages a case was recorded with, as ``ReplayResult.version`` shows them.
+
+    Parameters
+    ----------
+    entry : dict
+        A manifest entry (:func:`load_manifest`).
+
+    Returns
+    -------
+    str
+        ``"package version"`` pairs in name order, NumPy and Python left out
+        (``"keras 2.15.0, tensorflow 2.15.1, tensorflow_addons 0.23.0"``).
+    """
+    return ", ".join(f"{k} {v}" for k, v in sorted(entry["framework_version"].items())
+                     if k not in ("numpy", "python"))
 
 
 def load_case(entry):
@@ -189,8 +208,7 @@ def replay(entry, backend="reference"):
     from refopt.testing.conformance import ulp_distance
 
     tol = entry["tolerance_ulp"]
-    version = ", ".join(f"{k} {v}" for k, v in sorted(entry["framework_version"].items())
-                        if k not in ("numpy", "python"))
+    version = framework_versions(entry)
     init, grads, params, slots = load_case(entry)
     io = _Device() if backend == "cuda" else _Host()
     worst, where = 0.0, "all equal"

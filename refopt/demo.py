@@ -48,6 +48,7 @@ __all__ = [
     "compare_backends",
     "load_corpus",
     "make_optimizer",
+    "mean_cosine_similarity",
     "nearest_neighbours",
     "skipgram_batch",
     "sparse_update",
@@ -770,3 +771,42 @@ def nearest_neighbours(embeddings, vocab, word, k=5):
     order = np.argsort(-sims, kind="stable")
     n = min(k, len(vocab) - 1)
     return [(vocab[i], float(sims[i])) for i in order[:n]]
+
+
+#: Above this mean cosine similarity of two distinct words (:func:`mean_cosine_similarity`) the
+#: vectors still share one direction, so every word's neighbours look alike and their
+#: similarities approach 1: ``refopt demo`` says the model is undertrained. Measured on the
+#: default corpus (seed 0): 0.85-0.99 after one epoch depending on the optimizer, 0.24-0.29
+#: after three, lower after the default 20; 0.5 separates the two with a wide margin.
+UNDERTRAINED_SIMILARITY = 0.5
+
+
+def mean_cosine_similarity(embeddings):
+    """The mean cosine similarity of two distinct rows (non-zero rows only).
+
+    Parameters
+    ----------
+    embeddings : ndarray, shape ``(n, dim)``
+
+    Returns
+    -------
+    float
+        ``(|sum u_i|**2 - m) / (m (m - 1))`` over the ``m`` unit vectors ``u_i`` of the
+        non-zero rows: the average of ``cos(u_i, u_j)`` over all ordered pairs ``i != j``
+        (computed in float64, without the ``m x m`` matrix). NaN with fewer than two
+        non-zero rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> round(mean_cosine_similarity(np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0]])), 4)
+    0.4714
+    """
+    emb = np.asarray(embeddings, dtype=np.float64)
+    norms = np.linalg.norm(emb, axis=1)
+    units = emb[norms > 0] / norms[norms > 0, None]
+    m = len(units)
+    if m < 2:
+        return float("nan")
+    total = units.sum(axis=0)
+    return float((total @ total - m) / (m * (m - 1)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import warnings
 
+from refopt import _foreign
 from refopt import schedules as _schedules
 from refopt.executors.checks import _INT64_MAX
 
@@ -51,6 +52,15 @@ def apply_gradients(opt, grads_and_vars):
         positions = ex.quick_step(opt, grads_and_vars, lr_value)
         if positions is not None:
             return _count(opt, positions, lr_value, is_schedule)
+    if not isinstance(grads_and_vars, list):
+        grads_and_vars = list(grads_and_vars)
+    foreign = _foreign.pairs(opt, grads_and_vars)  # torch tensors etc. -> views, same list if none
+    if foreign is not grads_and_vars:
+        grads_and_vars = foreign
+        if opt._built:
+            positions = ex.quick_step(opt, grads_and_vars, lr_value)
+            if positions is not None:
+                return _count(opt, positions, lr_value, is_schedule)
     pairs = ex.check_pairs(grads_and_vars)
     if not pairs:
         if is_schedule:

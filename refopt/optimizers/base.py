@@ -16,6 +16,7 @@ import warnings
 
 import numpy as np
 
+from refopt import _foreign
 from refopt import schedules as _schedules
 from refopt.conventions import PRESETS, Convention, get_convention
 from refopt.indexed_slices import IndexedSlices
@@ -24,6 +25,7 @@ from refopt.executors import BACKENDS, get_executor, resolve_backend
 from refopt.executors.checks import _INT64_MAX
 from refopt.executors.checks import describe as _describe
 from refopt.reference import variants as _variants
+from refopt.reference._common import check_real  # shared with the reference functions
 
 __all__ = ["Optimizer", "BACKENDS", "CONVENTIONS"]
 
@@ -80,34 +82,6 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
 
 def _is_real(x):
     return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
-
-
-def check_real(name, value, *, low=None, high=None, low_open=False, high_open=False, allow_none=False):
-    """Validate a finite real hyperparameter in a range; return it as a Python number."""
-    if value is None and allow_none:
-        return None
-    if not _is_real(value):
-        raise TypeError(f"`{name}` must be a real number. Received: {name}={value!r}")
-    try:
-        finite = math.isfinite(float(value))
-    except OverflowError:  # an int too large for a float
-        finite = False
-    if not finite:
-        raise ValueError(f"`{name}` must be finite. Received: {name}={value!r}")
-    v = float(value)
-    bad_low = low is not None and (v <= low if low_open else v < low)
-    bad_high = high is not None and (v >= high if high_open else v > high)
-    if bad_low or bad_high:
-        lo = "" if low is None else ("(" if low_open else "[") + repr(low)
-        hi = "" if high is None else repr(high) + (")" if high_open else "]")
-        if low is not None and high is not None:
-            rng = f"in {lo}, {hi}"
-        elif low is not None:
-            rng = f"> {low}" if low_open else f">= {low}"
-        else:
-            rng = f"< {high}" if high_open else f"<= {high}"
-        raise ValueError(f"`{name}` must be {rng}. Received: {name}={value!r}")
-    return value
 
 
 def check_bool(name, value):
@@ -235,6 +209,12 @@ class Optimizer:
     Variables are NumPy arrays (float16, float32 or float64, C-contiguous, writeable), updated
     in place and identified by object identity, like ``tf.Variable``: pass the same array
     objects to every call (a new view of the same memory is a different variable).
+    A torch CPU tensor (``nn.Parameter`` included), or an object with ``__dlpack__`` or
+    ``__array__`` that can be viewed writeably, is taken too, through a cached no-copy NumPy
+    view (updated in place; gradients may be torch tensors, a sparse COO one becoming an
+    :class:`~refopt.IndexedSlices`); a read-only one raises ``ValueError`` pointing to
+    :mod:`refopt.functional`. Under ``backend="cuda"``, torch CUDA tensors (see
+    :mod:`refopt._foreign`; ``refopt.torch`` wraps all this as ``torch.optim`` optimizers).
     """
 
     def __init__(
@@ -655,6 +635,8 @@ class Optimizer:
 
     # ----------------------------------------------------------------- building
     def _check_var_list(self, var_list, what="var_list"):
+        # foreign arrays (torch tensors, __dlpack__/__array__ objects) -> their cached views
+        var_list = _foreign.variables(self, var_list, what)
         return self._executor.check_var_list(var_list, what)
 
     def build(self, var_list):
@@ -691,7 +673,7 @@ class Optimizer:
         except TypeError:
             return
         known = {id(v) for v in self._vars}
-        new = [v for v in given if id(v) not in known]
+        new = [v for v in given if id(_foreign.lookup(self, v)) not in known]
         if new:
             warnings.warn(
                 f"build() was called again with {len(given)} variables ({len(new)} not in the "
@@ -711,6 +693,7 @@ class Optimizer:
         self._averages = state.averages
 
     def _position(self, var):
+        var = _foreign.lookup(self, var)  # a torch tensor -> the view the optimizer holds
         i = self._index.get(id(var))
         if i is None or self._vars[i] is not var:
             raise KeyError(
@@ -844,6 +827,274 @@ class Optimizer:
         if not self.use_ema:
             return
         self._executor.finalize(self, [self._position(v) for v in var_list])
+
+    # ----------------------------------------------------------------- state in memory
+    #: ``get_config`` keys that do not change the numbers: a state loads across them.
+    _STATE_FREE_CONFIG_KEYS = ("name", "backend", "jit_compile")
+    _STATE_DICT_KEYS = ("class", "config", "iterations", "learning_rate", "built",
+                        "slot_names", "slots", "variable_steps")
+
+    def state_dict(self):
+        """The optimizer's complete state, as plain Python and NumPy values (copies).
+
+        Like ``torch.optim.Optimizer.state_dict`` and Keras 3's ``optimizer.variables``: what
+        a resumed run needs to continue bit for bit. Nothing in it is shared with the
+        optimizer (device slots are copied to the host), and nothing needs pickling: the
+        arrays can be saved with ``numpy.savez`` once the dict is flattened
+        (:func:`refopt.save_checkpoint` does so).
+
+        Returns
+        -------
+        dict
+            ``"class"`` (str, e.g. ``"Adam"``); ``"config"`` (:meth:`get_config`);
+            ``"iterations"`` (int); ``"learning_rate"`` (float: the current value, as
+            :attr:`learning_rate`); ``"built"`` (bool); ``"slot_names"`` (list of str,
+            :attr:`slot_names`, ``"average"`` last with ``use_ema``); ``"slots"`` (dict:
+            slot name -> list with one ndarray per built variable, in build order, of the
+            slot's shape (:meth:`slot_shape`: Adafactor's factored moments are smaller)
+            and the variable's dtype; empty when not built); ``"variable_steps"`` (list of
+            int, one per built variable: PyTorch's per-variable step counts, see the
+            ``step_counter`` knob; empty when not built).
+
+        Notes
+        -----
+        The variables themselves are not part of the state (as in torch and Keras):
+        they are the caller's arrays. ``exclude_from_weight_decay`` is not saved either.
+
+        Examples
+        --------
+        >>> import numpy as np, refopt
+        >>> w = np.ones(3, np.float32)
+        >>> opt = refopt.Adam(learning_rate=0.1)
+        >>> _ = opt.apply_gradients([(np.full(3, 0.5, np.float32), w)])
+        >>> sd = opt.state_dict()
+        >>> sd["iterations"], sd["slot_names"], sd["slots"]["m"][0].dtype
+        (1, ['m', 'v'], dtype('float32'))
+        >>> other = refopt.Adam(learning_rate=0.1)
+        >>> other.load_state_dict(sd, var_list=[w])
+        >>> other.iterations
+        1
+        """
+        lr = self.learning_rate
+        names = list(self.slot_names)
+        slots = {}
+        if self._built:
+            for name in names:
+                live = self._averages if name == "average" else self._slots[name]
+                slots[name] = [a.copy() if isinstance(a, np.ndarray) else a.copy_to_host()
+                               for a in live]
+        return {
+            "class": type(self).__name__,
+            "config": self.get_config(),
+            "iterations": int(self._iterations),
+            "learning_rate": None if lr is None else float(lr),
+            "built": bool(self._built),
+            "slot_names": names,
+            "slots": slots,
+            "variable_steps": [int(k) for k in self._var_steps] if self._built else [],
+        }
+
+    def _config_differences(self, config):
+        """The numbers-relevant differences between ``config`` (a saved :meth:`get_config`)
+        and this optimizer's, as ``"key: saved X, this optimizer Y"`` strings.
+
+        ``name``, ``backend`` and ``jit_compile`` are ignored (every backend gives the same
+        numbers), and so is a float ``learning_rate`` on both sides: it is state (restored
+        from the saved current value, as torch's ``param_groups`` and Keras 3's
+        ``learning_rate`` variable are), not structure. A schedule must match.
+        """
+        import json
+
+        def plain(x):
+            if isinstance(x, dict):
+                return {str(k): plain(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return [plain(v) for v in x]
+            if isinstance(x, np.generic):
+                return x.item()
+            return x
+
+        def normalized(c):
+            c = json.loads(json.dumps(plain(c)))
+            return {k: v for k, v in c.items() if k not in self._STATE_FREE_CONFIG_KEYS}
+
+        try:
+            saved = normalized(config)
+        except (TypeError, ValueError, AttributeError):
+            raise TypeError("The saved `config` must be a dict of plain values, as get_config() "
+                            f"returns. Received: {type(config).__name__}") from None
+        current = normalized(self.get_config())
+        if _is_real(saved.get("learning_rate")) and _is_real(current.get("learning_rate")):
+            saved.pop("learning_rate")
+            current.pop("learning_rate")
+        return [f"{k}: saved {saved.get(k, '(absent)')!r}, this optimizer "
+                f"{current.get(k, '(absent)')!r}"
+                for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+
+    def load_state_dict(self, state_dict, var_list=None):
+        """Restore a :meth:`state_dict`: all or nothing.
+
+        Parameters
+        ----------
+        state_dict : dict
+            What :meth:`state_dict` returned (on any backend), or the same structure read back
+            from a file (lists may be tuples, numbers NumPy scalars).
+        var_list : list of ndarray (device arrays for ``backend="cuda"``), optional
+            The variables the state belongs to, in the saved build order. Required when this
+            optimizer is not built and the state is; the optimizer is then built with them.
+            When this optimizer is built, omit it or pass exactly the variables it was built
+            with: its slots are overwritten in place.
+
+        Raises
+        ------
+        TypeError
+            ``state_dict`` is not a dict, or a value in it has the wrong type.
+        ValueError
+            A key is missing; the class differs; the numbers-relevant configuration differs
+            (the message names each difference; ``name``, ``backend`` and ``jit_compile`` may
+            differ, and a float ``learning_rate`` is restored, not compared); the slot names,
+            the number of variables or a slot's shape or dtype differ (the message names the
+            slot and the variable); ``var_list`` is missing or is not the list this optimizer
+            was built with; an invalid ``iterations``, ``variable_steps`` or
+            ``learning_rate``. Plus what :meth:`build` raises for a bad ``var_list``.
+
+        Notes
+        -----
+        Every check runs before anything is written: when it raises, the optimizer (its
+        build, slots, counters and learning rate) is unchanged. Then ``iterations``, the
+        per-variable step counts, every slot and EMA average and the learning rate are the
+        saved ones (with a schedule, :attr:`learning_rate` reports the saved current value,
+        the one the last saved step used; a float is stored as the :attr:`learning_rate`
+        setter stores it, rounded to float32 under the Keras and TF conventions). A state saved before building, loaded into a
+        built optimizer, un-builds it (as torch's ``load_state_dict`` with an empty state
+        forgets the per-parameter state), or rebuilds it on ``var_list`` if given.
+        """
+        sd = state_dict
+        if not isinstance(sd, dict):
+            raise TypeError("`state_dict` must be a dict, as Optimizer.state_dict() returns. "
+                            f"Received: {type(sd).__name__}")
+        missing = [k for k in self._STATE_DICT_KEYS if k not in sd]
+        if missing:
+            raise ValueError(f"`state_dict` lacks the keys {missing}; it must be what "
+                             "Optimizer.state_dict() returns.")
+        me = type(self).__name__
+        if sd["class"] != me:
+            raise ValueError(f"`state_dict` holds the state of an optimizer of class "
+                             f"{sd['class']}; cannot load it into one of class {me}.")
+        diffs = self._config_differences(sd["config"])
+        if diffs:
+            raise ValueError(
+                "`state_dict` was saved from an optimizer with another configuration; create "
+                f"the optimizer with the saved one ({me}.from_config(state_dict['config'])). "
+                "Differences: " + "; ".join(diffs))
+        iterations = sd["iterations"]
+        if (not isinstance(iterations, numbers.Integral) or isinstance(iterations, (bool, np.bool_))
+                or not 0 <= iterations <= _INT64_MAX):
+            raise ValueError("`state_dict['iterations']` must be an integer in [0, 2**63 - 1]. "
+                             f"Received: {iterations!r}")
+        iterations = int(iterations)
+        lr = sd["learning_rate"]
+        if lr is not None:
+            if not _is_real(lr) or not math.isfinite(float(lr)) or float(lr) < 0:
+                raise ValueError("`state_dict['learning_rate']` must be a finite float >= 0 or "
+                                 f"None. Received: {lr!r}")
+            lr = float(lr)
+            if self.convention.learning_rate_cast == "float32":
+                with np.errstate(over="ignore"):
+                    lr = float(np.float32(lr))  # stored as float32, as the setter does
+                if not math.isfinite(lr):
+                    raise ValueError("`state_dict['learning_rate']` must be finite in float32. "
+                                     f"Received: {sd['learning_rate']!r}")
+        built = sd["built"]
+        if not isinstance(built, (bool, np.bool_)):
+            raise TypeError(f"`state_dict['built']` must be a bool. Received: {built!r}")
+        names = list(self.slot_names)
+        if built and list(sd["slot_names"]) != names:
+            raise ValueError(f"`state_dict` has the slots {list(sd['slot_names'])}; this "
+                             f"optimizer has {names}.")
+        slots = sd["slots"] if built else {}
+        n = 0
+        if built:
+            if not isinstance(slots, dict) or sorted(slots) != sorted(names):
+                raise ValueError(
+                    f"`state_dict['slots']` must map each of {names} to a list of arrays. "
+                    f"Received: {sorted(slots) if isinstance(slots, dict) else type(slots).__name__}")
+            counts = {name: len(slots[name]) for name in names}
+            if len(set(counts.values())) > 1:
+                raise ValueError(f"`state_dict['slots']` has lists of different lengths: {counts}")
+        steps = sd["variable_steps"]
+        if built:
+            steps = list(steps)
+            # the number of variables: from the slots, else (no slot) from the step counts
+            n = len(slots[names[0]]) if names else (len(steps) if steps else None)
+            if steps and (len(steps) != n or not all(
+                    isinstance(k, numbers.Integral) and not isinstance(k, (bool, np.bool_))
+                    and 0 <= k <= iterations for k in steps)):
+                raise ValueError(
+                    f"`state_dict['variable_steps']` must hold {n} integers in [0, iterations="
+                    f"{iterations}]. Received: {steps!r}")
+            steps = [int(k) for k in steps] if steps else None
+        if var_list is not None:
+            var_list = self._check_var_list(var_list)
+        if self._built and built:
+            if var_list is not None and [id(v) for v in var_list] != [id(v) for v in self._vars]:
+                raise ValueError(
+                    f"This optimizer is built with {len(self._vars)} other variables; pass "
+                    "var_list=None (or the variables it was built with, in order) to overwrite "
+                    "its slots, or load the state into a new optimizer.")
+        elif built and var_list is None:
+            raise ValueError(
+                "`var_list` is required: the state belongs to built variables and this "
+                "optimizer is not built yet. Pass the variables, in the saved order.")
+        if built and n is not None and var_list is not None and len(var_list) != n:
+            raise ValueError(f"`state_dict` holds the state of {n} variables; `var_list` has "
+                             f"{len(var_list)}.")
+        if built and n is not None and self._built and len(self._vars) != n:
+            raise ValueError(f"`state_dict` holds the state of {n} variables; this optimizer "
+                             f"is built with {len(self._vars)}.")
+
+        schedule = isinstance(self._learning_rate, _schedules.LearningRateSchedule)
+        if lr is None and schedule:  # a hand-made state: the schedule's value at `iterations`
+            lr = self._evaluate_schedule(self._learning_rate, iterations)
+        before = dict(self.__dict__)  # every attribute a (re)build assigns, to undo it
+        try:
+            if self._built and (not built or var_list is not None
+                                and [id(v) for v in var_list] != [id(v) for v in self._vars]):
+                self._reset_state()  # a state saved before building: forget the variables
+            if not self._built and var_list is not None:
+                self.build(var_list)
+            values = []
+            for name in names if built else ():
+                live = self._averages if name == "average" else self._slots[name]
+                for i, target in enumerate(live):
+                    value = slots[name][i]
+                    if not isinstance(value, np.ndarray):
+                        value = np.asarray(value)
+                    shape, dtype = tuple(target.shape), np.dtype(target.dtype)
+                    if value.shape != shape or value.dtype != dtype:
+                        raise ValueError(
+                            f"`state_dict['slots'][{name!r}][{i}]` has shape {value.shape} and "
+                            f"dtype {value.dtype}; slot {name!r} of variable {i} "
+                            f"({_describe(self._vars[i])}) is {dtype} of shape {shape}.")
+                    values.append((target, value))
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+        # Every check passed: write (nothing below can fail on the values checked above).
+        for target, value in values:
+            if isinstance(target, np.ndarray):
+                np.copyto(target, value)
+            elif value.size:
+                target.copy_to_device(np.ascontiguousarray(value))
+        self._iterations = iterations
+        if self._built:
+            self._var_steps = list(steps) if built and steps else [iterations] * len(self._vars)
+        if lr is not None:
+            if schedule:
+                self._current_learning_rate = lr
+            else:
+                self._learning_rate = lr
 
     # ----------------------------------------------------------------- config
     def get_config(self):

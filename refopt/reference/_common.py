@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -51,6 +52,82 @@ def check_grad(param, grad):
             )
         return grad
     return check_like(param, "grad", grad)
+
+
+def _is_real(x):
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def check_real(name, value, *, low=None, high=None, low_open=False, high_open=False, allow_none=False):
+    """Validate a finite real hyperparameter in a range; return it unchanged.
+
+    The one check of the optimizer classes (:mod:`refopt.optimizers`) and the reference
+    functions, so both refuse the same values with the same exception types.
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, for the message.
+    value : object
+        A Python or NumPy real number (not a bool, not an array); ``None`` when
+        ``allow_none``.
+    low, high : float, optional
+        The bounds, closed unless ``low_open``/``high_open``.
+
+    Returns
+    -------
+    object
+        ``value`` itself.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not a real number (a string, a bool, an array, ``None`` unless allowed).
+    ValueError
+        ``value`` is not finite or is out of range; the message names the argument, the range
+        and the value received.
+    """
+    if value is None and allow_none:
+        return None
+    if not _is_real(value):
+        raise TypeError(f"`{name}` must be a real number. Received: {name}={value!r}")
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
+        raise ValueError(f"`{name}` must be finite. Received: {name}={value!r}")
+    v = float(value)
+    bad_low = low is not None and (v <= low if low_open else v < low)
+    bad_high = high is not None and (v >= high if high_open else v > high)
+    if bad_low or bad_high:
+        lo = "" if low is None else ("(" if low_open else "[") + repr(low)
+        hi = "" if high is None else repr(high) + (")" if high_open else "]")
+        if low is not None and high is not None:
+            rng = f"in {lo}, {hi}"
+        elif low is not None:
+            rng = f"> {low}" if low_open else f">= {low}"
+        else:
+            rng = f"< {high}" if high_open else f"<= {high}"
+        raise ValueError(f"`{name}` must be {rng}. Received: {name}={value!r}")
+    return value
+
+
+#: The ranges the optimizer classes accept for the hyperparameters most reference functions
+#: share (Lion's betas, SGD's and RMSprop's momentum and the rest are checked where used).
+HYPER_RANGES = {
+    "learning_rate": {"low": 0},
+    "epsilon": {"low": 0},
+    "beta_1": {"low": 0, "high": 1, "high_open": True},
+    "beta_2": {"low": 0, "high": 1, "high_open": True},
+    "rho": {"low": 0, "high": 1},
+}
+
+
+def check_hyper(name, value):
+    """:func:`check_real` with the optimizer classes' range for ``name`` (:data:`HYPER_RANGES`;
+    any finite real number for a name not listed). Raises TypeError or ValueError."""
+    return check_real(name, value, **HYPER_RANGES.get(name, {}))
 
 
 def check_scalar(name, x):

@@ -47,8 +47,8 @@ from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
     as_float_array,
     check_grad,
+    check_hyper,
     check_like,
-    check_scalar,
     lr_cast,
     scalar,
     tf_cast,
@@ -513,14 +513,14 @@ def check_adadelta_args(param, grad, accumulated_grad, accumulated_delta, *, lea
     grad = check_grad(param, grad)
     accumulated_grad = check_like(param, "accumulated_grad", accumulated_grad)
     accumulated_delta = check_like(param, "accumulated_delta", accumulated_delta)
-    check_scalar("learning_rate", learning_rate)
+    check_hyper("learning_rate", learning_rate)
     if not learning_rate >= 0:
         raise ValueError(
             f"`learning_rate` must be >= 0. Received: learning_rate={learning_rate!r}")
-    check_scalar("rho", rho)
+    check_hyper("rho", rho)
     if not 0 <= rho <= 1:
         raise ValueError(f"`rho` must be in [0, 1]. Received: rho={rho!r}")
-    check_scalar("epsilon", epsilon)
+    check_hyper("epsilon", epsilon)
     if not epsilon >= 0:
         raise ValueError(f"`epsilon` must be >= 0. Received: epsilon={epsilon!r}")
     return param, grad, accumulated_grad, accumulated_delta, form

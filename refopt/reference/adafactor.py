@@ -48,6 +48,7 @@ from refopt import _libm
 from refopt.conventions import Convention, get_convention
 from refopt.reference._common import (
     as_float_array,
+    check_hyper,
     check_like,
     check_scalar,
     check_step,
@@ -597,7 +598,7 @@ def check_adafactor_args(param, grad, velocity_row, velocity_col, velocity, *, l
             raise ValueError(f"`learning_rate` must be a number under convention={conv.name!r}."
                              " Received: learning_rate=None")
     else:
-        check_scalar("learning_rate", learning_rate)
+        check_hyper("learning_rate", learning_rate)
     if wd is not None:
         if form not in ("torch", "optax"):
             raise ValueError(

@@ -44,6 +44,7 @@ from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
     as_float_array,
     check_grad,
+    check_hyper,
     check_like,
     check_scalar,
     check_step,
@@ -509,7 +510,7 @@ def check_adagrad_args(param, grad, accumulator, *, learning_rate, epsilon, conv
         )
     grad = check_grad(param, grad)
     accumulator = check_like(param, "accumulator", accumulator)
-    check_scalar("learning_rate", learning_rate)
+    check_hyper("learning_rate", learning_rate)
     if form == "tf1":
         if epsilon is not None:
             raise ValueError(
@@ -523,7 +524,7 @@ def check_adagrad_args(param, grad, accumulator, *, learning_rate, epsilon, conv
                 f"`epsilon` must be a real number >= 0 for adagrad_form={form!r} (only TF1 "
                 "has none). Received: epsilon=None"
             )
-        check_scalar("epsilon", epsilon)
+        check_hyper("epsilon", epsilon)
         if not epsilon >= 0:
             raise ValueError(f"`epsilon` must be >= 0. Received: epsilon={epsilon!r}")
     check_scalar("lr_decay", lr_decay)

@@ -16,8 +16,8 @@ from refopt import _libm
 from refopt.reference._common import (
     as_float_array,
     check_grad,
+    check_hyper,
     check_like,
-    check_scalar,
     check_step,
     lr_cast,
     scalar,
@@ -72,7 +72,7 @@ def adam_scalars(dtype, *, learning_rate, beta_1, beta_2, epsilon, step):
     """
     for name, value in (("learning_rate", learning_rate), ("beta_1", beta_1),
                         ("beta_2", beta_2), ("epsilon", epsilon)):
-        check_scalar(name, value)
+        check_hyper(name, value)
     check_step(step)
     dtype = np.dtype(dtype)
     one = scalar(dtype, 1)

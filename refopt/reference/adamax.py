@@ -48,8 +48,8 @@ from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
     as_float_array,
     check_grad,
+    check_hyper,
     check_like,
-    check_scalar,
     check_step,
     lr_cast,
     scalar,
@@ -510,7 +510,7 @@ def check_adamax_args(param, grad, m, u, *, learning_rate, beta_1, beta_2, epsil
     u = check_like(param, "u", u)
     for name, value in (("learning_rate", learning_rate), ("beta_1", beta_1),
                         ("beta_2", beta_2), ("epsilon", epsilon)):
-        check_scalar(name, value)
+        check_hyper(name, value)
     if not epsilon >= 0:
         raise ValueError(f"`epsilon` must be >= 0. Received: epsilon={epsilon!r}")
     check_step(step)

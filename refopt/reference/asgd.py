@@ -29,6 +29,7 @@ from refopt.conventions import Convention, get_convention
 from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
     as_float_array,
+    check_hyper,
     check_like,
     check_scalar,
     check_step,
@@ -172,7 +173,7 @@ def check_asgd_args(param, grad, ax, *, learning_rate, lambd, alpha, t0, step, e
     ax = check_like(param, "ax", ax)
     for name, value in (("learning_rate", learning_rate), ("lambd", lambd),
                         ("alpha", alpha), ("t0", t0)):
-        check_scalar(name, value)
+        check_hyper(name, value)
         if not math.isfinite(float(value)):
             raise ValueError(f"`{name}` must be finite. Received: {name}={value!r}")
     if not learning_rate >= 0:

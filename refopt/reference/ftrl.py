@@ -42,7 +42,9 @@ from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
     as_float_array,
     check_grad,
+    check_hyper,
     check_like,
+    check_real,
     check_scalar,
     lr_cast,
     scalar,
@@ -528,7 +530,7 @@ def check_ftrl_args(param, grad, accumulator, linear, *, learning_rate, learning
     grad = check_grad(param, grad)
     accumulator = check_like(param, "accumulator", accumulator)
     linear = check_like(param, "linear", linear)
-    check_scalar("learning_rate", learning_rate)
+    check_hyper("learning_rate", learning_rate)
     if not learning_rate >= 0:
         raise ValueError(f"`learning_rate` must be >= 0. Received: "
                          f"learning_rate={learning_rate!r}")
@@ -541,7 +543,5 @@ def check_ftrl_args(param, grad, accumulator, linear, *, learning_rate, learning
                         ("l2_shrinkage_regularization_strength",
                          l2_shrinkage_regularization_strength),
                         ("beta", beta)):
-        check_scalar(name, value)
-        if not value >= 0:
-            raise ValueError(f"`{name}` must be >= 0. Received: {name}={value!r}")
+        check_real(name, value, low=0)  # finite and >= 0, as refopt.Ftrl
     return param, grad, accumulator, linear, form

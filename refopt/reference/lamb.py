@@ -35,8 +35,9 @@ import numpy as np
 from refopt.conventions import Convention, get_convention
 from refopt.reference._common import (
     as_float_array,
+    check_hyper,
     check_like,
-    check_scalar,
+    check_real,
     check_step,
     lr_cast,
     scalar,
@@ -261,16 +262,17 @@ def check_lamb_args(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon
     v = check_like(param, "v", v)
     for name, x in (("learning_rate", learning_rate), ("beta_1", beta_1), ("beta_2", beta_2),
                     ("epsilon", epsilon)):
-        check_scalar(name, x)
+        check_hyper(name, x)
     check_step(step)
     if form != "optax":
         for name, x in (("eps_root", eps_root), ("weight_decay", weight_decay)):
             if x is not None:
+                check_real(name, x, low=0)  # a bad type first, as refopt.Lamb
                 raise ValueError(
                     f"`{name}` is optax's; convention={conv.name!r} has none for Lamb. "
                     f"Received: {name}={x!r}")
     else:
         for name, x in (("eps_root", eps_root), ("weight_decay", weight_decay)):
             if x is not None:
-                check_scalar(name, x)
+                check_real(name, x, low=0)
     return param, grad, m, v, conv

@@ -37,7 +37,9 @@ from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
     as_float_array,
     check_grad,
+    check_hyper,
     check_like,
+    check_real,
     check_scalar,
     lr_cast,
     scalar,
@@ -346,9 +348,9 @@ def check_lion_args(param, grad, m, *, learning_rate, beta_1, beta_2, convention
         )
     grad = check_grad(param, grad)
     m = check_like(param, "m", m)
-    check_scalar("learning_rate", learning_rate)
-    check_scalar("beta_1", beta_1)
-    check_scalar("beta_2", beta_2)
+    check_hyper("learning_rate", learning_rate)
+    check_real("beta_1", beta_1, low=0, high=1, low_open=True)  # as refopt.Lion
+    check_real("beta_2", beta_2, low=0, high=1)
     if weight_decay is not None:
         check_scalar("weight_decay", weight_decay)
         if not weight_decay >= 0:

@@ -51,6 +51,7 @@ from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
     as_float_array,
     check_grad,
+    check_hyper,
     check_like,
     check_scalar,
     check_step,
@@ -667,12 +668,12 @@ def check_nadam_args(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilo
     grad = check_grad(param, grad)
     m = check_like(param, "m", m)
     v = check_like(param, "v", v)
-    check_scalar("learning_rate", learning_rate)
+    check_hyper("learning_rate", learning_rate)
     for name, b in (("beta_1", beta_1), ("beta_2", beta_2)):
-        check_scalar(name, b)
+        check_hyper(name, b)
         if not 0 <= b < 1:
             raise ValueError(f"`{name}` must be in [0, 1). Received: {name}={b!r}")
-    check_scalar("epsilon", epsilon)
+    check_hyper("epsilon", epsilon)
     if not epsilon >= 0:
         raise ValueError(f"`epsilon` must be >= 0. Received: epsilon={epsilon!r}")
     if momentum_decay is not None:

@@ -41,8 +41,8 @@ from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
     as_float_array,
     check_grad,
+    check_hyper,
     check_like,
-    check_scalar,
     check_step,
     scalar,
 )
@@ -355,7 +355,7 @@ def check_radam_args(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilo
     for name, x in (("learning_rate", learning_rate), ("beta_1", beta_1), ("beta_2", beta_2),
                     ("epsilon", epsilon), ("epsilon_root", epsilon_root),
                     ("threshold", threshold)):
-        check_scalar(name, x)
+        check_hyper(name, x)
     for name, x in (("epsilon", epsilon), ("epsilon_root", epsilon_root)):
         if not x >= 0:
             raise ValueError(f"`{name}` must be >= 0. Received: {name}={x!r}")

@@ -38,6 +38,7 @@ from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
     as_float_array,
     check_flag,
+    check_hyper,
     check_like,
     check_scalar,
     lr_cast,
@@ -621,7 +622,7 @@ def check_rmsprop_args(param, grad, velocity, momentum_buf, average_gradient, *,
     velocity = check_like(param, "velocity", velocity)
     for name, value in (("learning_rate", learning_rate), ("rho", rho),
                         ("momentum", momentum), ("epsilon", epsilon)):
-        check_scalar(name, value)
+        check_hyper(name, value)
     if not momentum >= 0:
         raise ValueError(f"`momentum` must be >= 0. Received: momentum={momentum!r}")
     centered = check_flag("centered", centered)

@@ -14,8 +14,9 @@ from refopt.reference._common import (
     as_float_array,
     check_flag,
     check_grad,
+    check_hyper,
     check_like,
-    check_scalar,
+    check_real,
     lr_cast,
     tf_cast,
 )
@@ -82,8 +83,8 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
     param = as_float_array("param", param)
     grad = check_grad(param, grad)
     m = check_like(param, "m", m)
-    check_scalar("learning_rate", learning_rate)
-    check_scalar("momentum", momentum)
+    check_hyper("learning_rate", learning_rate)
+    check_real("momentum", momentum, low=0, high=1)  # as refopt.SGD
     nesterov = check_flag("nesterov", nesterov)
     dtype = param.dtype
     lr = lr_cast(dtype, learning_rate)

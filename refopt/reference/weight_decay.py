@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refopt.reference._common import as_float_array, check_scalar, lr_cast, tf_cast
+from refopt.reference._common import as_float_array, check_hyper, check_real, lr_cast, tf_cast
 
 __all__ = ["apply_weight_decay"]
 
@@ -45,8 +45,8 @@ def apply_weight_decay(param, *, learning_rate, weight_decay):
     ``AdamW``; TF-Addons' ``AdamW`` does *not* multiply by the learning rate.
     """
     param = as_float_array("param", param)
-    check_scalar("learning_rate", learning_rate)
-    check_scalar("weight_decay", weight_decay)
+    check_hyper("learning_rate", learning_rate)
+    check_real("weight_decay", weight_decay, low=0)  # as the optimizers' weight_decay
     dtype = param.dtype
     wd = tf_cast(dtype, weight_decay)
     lr = lr_cast(dtype, learning_rate)

@@ -8,6 +8,9 @@
   sparse gradients, multi-variable problems, trajectories).
 - :mod:`refopt.testing.golden`: golden trajectory files (``.npz`` and JSON with exact hex
   floats) for test suites in other languages; ``refopt golden`` writes them.
+- :func:`explain`: which convention knobs or classic slip reproduce a foreign trajectory
+  (a golden file, a bundled case or a candidate); ``refopt explain`` prints it. See
+  :mod:`refopt.testing.explain`.
 - :class:`Trajectory` and :func:`run_reference`: the data they share.
 
 :func:`assert_conforms` and :mod:`refopt.testing.strategies` need Hypothesis (refopt's ``test``
@@ -20,7 +23,14 @@ from refopt.testing.conformance import (
     check_trajectory,
     ulp_distance,
 )
-from refopt.testing.trajectory import OPTIMIZERS, State, Trajectory, run_reference, slot_names
+from refopt.testing.explain import explain
+from refopt.testing.trajectory import (
+    OPTIMIZERS,
+    State,
+    Trajectory,
+    run_reference,
+    slot_names,
+)
 
 __all__ = [
     "OPTIMIZERS",
@@ -29,6 +39,7 @@ __all__ = [
     "Trajectory",
     "assert_conforms",
     "check_trajectory",
+    "explain",
     "run_reference",
     "slot_names",
     "ulp_distance",

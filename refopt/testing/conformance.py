@@ -71,8 +71,10 @@ import re
 
 import numpy as np
 
+from refopt.testing._hypothesis import missing_hypothesis
 from refopt.testing.trajectory import (
     OPTIMIZERS,
+    Trajectory,
     copy_gradient,
     default_convention,
     format_array,
@@ -302,7 +304,9 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
         where the candidate raises (chained as ``__cause__``), returns something malformed or
         does not accept the resync.
     TypeError, ValueError
-        For arguments that cannot work (not callable, unknown ``kind``, negative tolerance).
+        For arguments that cannot work (not callable, unknown ``kind``, negative tolerance);
+        ``ValueError`` too when the candidate has no slot that refopt keeps (``get_slot`` or
+        the returned state raises ``KeyError``), with how to map it or leave it out.
     NotImplementedError
         From refopt, for a convention or backend it does not have.
     """
@@ -362,16 +366,27 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
             if kind == "stateful":
                 cand.apply_gradients([(copy_gradient(g), v) for g, v in zip(grads, cand_vars)])
                 got_params = cand_vars
-                got_slots = {r: [cand.get_slot(v, c) for v in cand_vars] for r, c in compared}
             else:
                 state_in = [{c: before.slots[r][i].copy() for r, c in compared}
                             for i in range(n_vars)]
                 result = candidate([p.copy() for p in before.params],
                                    [copy_gradient(g) for g in grads], state_in, dict(hyper), k)
                 got_params, got_state = _unpack_step_result(result, n_vars)
-                got_slots = {r: [got_state[i][c] for i in range(n_vars)] for r, c in compared}
         except Exception as exc:  # noqa: BLE001 - reported as a failure of the candidate
             fail(k, [f"the candidate raised {exc!r}"], before, hyper, cause=exc)
+        got_slots = {}
+        for r, c in compared:
+            try:
+                if kind == "stateful":
+                    got_slots[r] = [cand.get_slot(v, c) for v in cand_vars]
+                else:
+                    got_slots[r] = [got_state[i][c] for i in range(n_vars)]
+            except KeyError as exc:  # a slot the candidate does not keep: a usage problem
+                raise _MissingSlotError(_missing_slot_hint(candidate, opt_name, ref, r, c, kind,
+                                                           exc, smap)) from exc
+            except Exception as exc:  # noqa: BLE001 - reported as a failure of the candidate
+                fail(k, [f"reading slot {c!r} of the candidate raised {exc!r}"], before, hyper,
+                     cause=exc)
 
         mismatches = []
         arrays = [("params", "params", got_params, after.params)]
@@ -389,6 +404,33 @@ def check_trajectory(candidate, trajectory, *, tolerance_ulp=0, slot_map=None, k
 
         if kind == "stateful" and k < trajectory.steps:
             _resync(cand, cand_vars, after, compared, fail, k)
+
+
+class _MissingSlotError(ValueError):
+    """The candidate has no slot refopt keeps: a usage problem, not a divergence."""
+
+
+def _missing_slot_hint(candidate, opt_name, ref, ref_name, cand_name, kind, exc, smap):
+    how = (f"get_slot(variable, {cand_name!r})" if kind == "stateful"
+           else f"the returned state[i][{cand_name!r}]")
+    renamed = "" if cand_name == ref_name else f" (refopt's {ref_name!r}, by slot_map)"
+    example = _TORCH_NAMES.get(ref_name)
+    whose = " (torch.optim's name)" if example else ""
+    example = example or "its_name"
+    return (
+        f"candidate {_name(candidate)} has no slot {cand_name!r}{renamed}: {how} raised "
+        f"{exc!r}. refopt's {opt_name} with this configuration keeps {list(slot_names(ref))}. "
+        f"Name the candidate's own slot with slot_map={{{ref_name!r}: {example!r}}}{whose}, "
+        f"or slot_map={{{ref_name!r}: None}} "
+        f"if it keeps no such state (then it is neither compared nor resynced)"
+        + (", or config={'amsgrad': False} if it has no AMSGrad" if ref_name == "vhat" else "")
+        + f". Received: slot_map={smap!r}"
+    )
+
+
+#: torch.optim's names of refopt's slots, for the hint above.
+_TORCH_NAMES = {"v": "exp_avg_sq", "vhat": "max_exp_avg_sq", "velocity": "square_avg",
+                "average_gradient": "grad_avg"}
 
 
 def _unpack_step_result(result, n_vars):
@@ -486,8 +528,8 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
         For invalid arguments (named in the message), including a ``config`` refopt refuses.
     NotImplementedError
         From refopt, for a convention it does not have.
-    ImportError
-        If Hypothesis is not installed.
+    ModuleNotFoundError
+        If Hypothesis is not installed (the message names ``pip install "refopt[testing]"``).
 
     Examples
     --------
@@ -495,8 +537,11 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
     >>> from refopt.testing import assert_conforms
     >>> assert_conforms(refopt.Adam, config={"amsgrad": True}, max_examples=5)
     """
-    from hypothesis import HealthCheck, Verbosity, given, settings
-    from hypothesis import seed as hypothesis_seed
+    try:
+        from hypothesis import HealthCheck, Verbosity, given, settings
+        from hypothesis import seed as hypothesis_seed
+    except ImportError as exc:
+        raise missing_hypothesis("refopt.testing.assert_conforms", exc) from exc
 
     from refopt.testing import strategies
 
@@ -520,9 +565,23 @@ def assert_conforms(candidate, *, optimizer="Adam", config=None, dtype="float32"
     _slot_map(candidate, slot_map)
     if convention is None:
         convention = default_convention(optimizer)
-    # Fail now, with refopt's own message, for a config or convention refopt refuses.
-    optimizer_class(optimizer)(**{"learning_rate": 0.01, **(config or {})},
-                               convention=convention)
+    # Fail now, with refopt's own message, for a config or convention refopt refuses (on the
+    # reference backend: this only validates, and must not need a GPU $REFOPT_BACKEND names).
+    checked = optimizer_class(optimizer)(**{"learning_rate": 0.01, **(config or {})},
+                                         convention=convention, backend="reference")
+
+    # A slot the candidate does not keep shows on any input: say so now, on a one-step probe,
+    # rather than after Hypothesis has shrunk the error for nothing.
+    try:
+        full = {k: v for k, v in checked.get_config().items() if k not in _NOT_HYPERPARAMETERS}
+        probe = Trajectory(optimizer, full, dtype, [np.zeros(2, dtype)], [[np.zeros(2, dtype)]],
+                           convention=convention)
+        check_trajectory(candidate, probe, tolerance_ulp=tolerance_ulp, slot_map=slot_map,
+                         kind=kind)
+    except _MissingSlotError:
+        raise
+    except (ConformanceError, TypeError, ValueError, NotImplementedError):
+        pass  # a divergence (or a probe this optimizer refuses): Hypothesis finds and shrinks it
 
     trajectories = strategies.trajectories(
         optimizer=optimizer, dtype=dtype, max_steps=steps, max_variables=max_variables,

@@ -24,8 +24,14 @@ Requires Hypothesis (``pip install hypothesis``, or refopt's ``test`` extra).
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
+
+from refopt.testing._hypothesis import missing_hypothesis
+
+try:
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+except ImportError as _exc:
+    raise missing_hypothesis("refopt.testing.strategies", _exc) from _exc
 
 from refopt import conventions as _conventions
 from refopt import optimizers as _optimizers
@@ -359,10 +365,16 @@ def _has_weight_decay(cls, conv):
         return True
 
 
+def _float_learning_rates():
+    """0, or a rate in [1.4e-45, 1] (below float32's smallest subnormal a rate is 0 in float32,
+    which the optimizers accept with a warning: a degenerate case, not drawn)."""
+    return st.just(0.0) | st.floats(float(np.finfo(np.float32).smallest_subnormal), 1.0)
+
+
 @st.composite
 def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, schedules, fixed,
                      conv):
-    lr = st.floats(0.0, 1.0)
+    lr = _float_learning_rates()
     if schedules:
         lr = lr | learning_rate_schedules()
     out = {"learning_rate": draw(lr)}
@@ -403,7 +415,7 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
         out["beta"] = draw(st.floats(0.0, 1.0))
     elif issubclass(cls, _optimizers.Nadam):
         if conv.nadam_form == "keras2" and not isinstance(out["learning_rate"], float):
-            out["learning_rate"] = draw(st.floats(0.0, 1.0))  # Keras 2's Nadam: no schedule
+            out["learning_rate"] = draw(_float_learning_rates())  # Keras 2's Nadam: no schedule
         beta = st.floats(0.0, 0.999 if dtype.name == "float16" else 0.9999)
         out["beta_1"] = draw(beta)
         out["beta_2"] = draw(beta)

@@ -4,8 +4,11 @@ A :class:`Trajectory` is the unit that the porting toolkit works with: the Hypot
 strategies draw them (:func:`refopt.testing.strategies.trajectories`), the conformance check
 replays them through a candidate and through refopt (:func:`refopt.testing.check_trajectory`),
 and the golden files record them with refopt's results (:mod:`refopt.testing.golden`).
-:func:`run_reference` replays one through refopt's reference backend and returns the state
-after every step. Nothing here needs Hypothesis.
+:func:`run_reference` replays one through refopt (the reference backend by default, or
+``"cpu"``/``"cuda"``, which give the same bits) and returns the state after every step. A
+trajectory carries its convention (``"tf_keras"``, ``"keras3"``, ``"keras2"``, ``"tf1"``,
+``"torch"``, ``"optax"`` or a :class:`~refopt.conventions.Convention`). Nothing here needs
+Hypothesis.
 """
 
 from __future__ import annotations
@@ -167,8 +170,11 @@ class Trajectory:
         ``gradients[k][i]`` is the gradient of variable ``i`` at step ``k + 1``: an ndarray of
         the variable's shape or an :class:`~refopt.IndexedSlices` with
         ``dense_shape == variable.shape``, in ``dtype``.
-    convention : str, optional
-        Passed to the optimizer. Default: the optimizer's own (:func:`default_convention`).
+    convention : str or refopt.conventions.Convention, optional
+        Whose numerics: ``"tf_keras"``, ``"keras3"``, ``"keras2"``, ``"tf1"``, ``"torch"``,
+        ``"optax"`` (:data:`refopt.conventions.PRESETS`) or a Convention with knobs
+        overridden; passed to the optimizer. Default: the optimizer's own
+        (:func:`default_convention`: ``"tf_keras"``, ``"torch"`` for RAdam, ASGD, Rprop).
 
     Raises
     ------
@@ -275,8 +281,10 @@ def run_reference(trajectory, *, backend="reference"):
     Parameters
     ----------
     trajectory : Trajectory
-    backend : str, default "reference"
-        The refopt backend (only ``"reference"`` exists in this version).
+    backend : {"reference", "cpu", "cuda"}, default "reference"
+        The refopt backend. Every backend gives the same bits under every convention;
+        ``"cuda"`` needs numba-cuda and a GPU (or its simulator). The states are host
+        copies whatever the backend.
 
     Returns
     -------
