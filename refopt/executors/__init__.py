@@ -131,10 +131,11 @@ def resolve_backend(backend):
         from refopt.kernels.cpu.drivers import _cache_dir
 
         logging.getLogger("refopt").warning(
-            "refopt: backend='cpu' (Numba kernels, bit-identical to backend='reference'). "
-            "Each optimizer's kernels compile on their first step (a few seconds each, then "
-            "cached in %s). Pass backend='reference' or set %s=reference for plain NumPy; "
-            "set %s=cpu to silence this note.", _cache_dir(), BACKEND_ENV, BACKEND_ENV)
+            "refopt uses backend='cpu' (Numba kernels, bit-identical to backend='reference'). "
+            "Each optimizer's kernels compile on their first step (seconds each; up to tens "
+            "of seconds on a loaded machine), then load from the cache in %s. "
+            "backend='reference' or %s=reference gives plain NumPy; %s=cpu silences this "
+            "note.", _cache_dir(), BACKEND_ENV, BACKEND_ENV)
     return backend
 
 
