@@ -18,6 +18,8 @@ from refopt.optimizers import (
     AdamW,
     Adamax,
     Ftrl,
+    ProximalAdagrad,
+    ProximalGradientDescent,
     Lamb,
     LazyAdam,
     Lion,
@@ -26,6 +28,7 @@ from refopt.optimizers import (
     RAdam,
     RMSprop,
     Rprop,
+    RowWiseAdagrad,
 )
 from refopt.checkpoint import load_checkpoint, save_checkpoint
 from refopt import functional
@@ -41,8 +44,11 @@ __all__ = [
     "Adamax",
     "ASGD",
     "Rprop",
+    "RowWiseAdagrad",
     "AdamW",
     "Ftrl",
+    "ProximalAdagrad",
+    "ProximalGradientDescent",
     "functional",
     "IndexedSlices",
     "LazyAdam",

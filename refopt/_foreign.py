@@ -22,6 +22,13 @@ A gradient may be a torch tensor too (a sparse COO one with one sparse dimension
 its indices in their order of appearance, duplicates kept: the optimizer sums them), or any
 object with ``__dlpack__`` / ``__array__`` (read-only is fine for a gradient).
 
+After refopt has written torch tensors in place (a step, ``finalize_variable_values``),
+their autograd version counters are bumped (``torch.autograd.graph.increment_version``),
+as torch's own in-place operations do: a
+``backward()`` through a graph recorded before the step then raises torch's "modified by an
+inplace operation" error instead of computing gradients from the new values. Only a step
+that succeeded bumps them (a refused one changes nothing).
+
 An array that can only be viewed read-only (a JAX array, a read-only buffer) cannot be
 updated in place: it is refused with a ``ValueError`` that names the argument and points to
 :mod:`refopt.functional`, the pure-function API that returns new arrays.
@@ -43,8 +50,10 @@ __all__ = [
     "is_torch_tensor",
     "lookup",
     "pairs",
+    "stepped",
     "torch_gradient",
     "torch_variable_view",
+    "touched",
     "variable",
     "variables",
 ]
@@ -194,8 +203,47 @@ def variable(opt, var, where):
         return view
     view = _make_view(opt, var, where)
     if view is not var:  # a torch tensor's address is kept, to notice a replaced .data
-        cache[id(var)] = (var, view, var.data_ptr() if is_torch_tensor(var) else None)
+        tensor = is_torch_tensor(var)
+        cache[id(var)] = (var, view, var.data_ptr() if tensor else None)
+        if tensor:  # view -> tensor, for touched(): its version counter after a write
+            _tensors(opt)[id(view)] = var
     return view
+
+
+def _tensors(opt):
+    tensors = opt.__dict__.get("_foreign_tensors")
+    if tensors is None:
+        tensors = opt.__dict__["_foreign_tensors"] = {}
+    return tensors
+
+
+def touched(opt, positions=None):
+    """Bump the autograd version counter of the torch tensors among ``opt``'s variables at
+    ``positions`` (all when None), after refopt wrote them in place.
+
+    Without it a ``backward()`` through a graph recorded before the write would use the new
+    values silently; with it torch raises its "modified by an inplace operation" error, as
+    after ``torch.optim``'s steps. Costs one dict look-up when no variable is a torch tensor.
+    """
+    tensors = opt.__dict__.get("_foreign_tensors")
+    if not tensors:
+        return
+    variables = opt._vars
+    where = range(len(variables)) if positions is None else positions
+    hit = [tensors[id(variables[i])] for i in where if id(variables[i]) in tensors]
+    if hit:
+        sys.modules["torch"].autograd.graph.increment_version(hit)
+
+
+def stepped(opt, positions):
+    """:func:`touched` for a step that updated the variables at ``positions`` and has been
+    counted (``opt.iterations`` is the new count): every variable when the step overwrote
+    the weights with their moving averages (``use_ema`` with ``ema_overwrite_frequency``;
+    under the Keras 3 and torch EMA that covers variables without a gradient too)."""
+    if not opt.__dict__.get("_foreign_tensors"):
+        return
+    freq = opt.ema_overwrite_frequency if opt.use_ema else None
+    touched(opt, None if freq and opt._iterations % freq == 0 else positions)
 
 
 def lookup(opt, var):

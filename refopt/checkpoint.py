@@ -15,6 +15,10 @@ file below and back, and adds the variables, the checks of the file and the atom
 ``__cuda_array_interface__``); saving copies them and every slot to the host, loading copies the
 saved values into the device slots and variables in place, after every check has passed. The
 file is the same, so a checkpoint moves between backends (``backend`` is not compared).
+An optimizer created from the file alone gets the ``backend=`` argument of
+:func:`load_checkpoint`, else the default backend (:func:`refopt.executors.default_backend`,
+``$REFOPT_BACKEND``), never the saved one: every backend gives the same bits, and a
+checkpoint saved on a GPU must load on a machine without one.
 
 File layout (``format_version`` 1)
 ----------------------------------
@@ -24,7 +28,9 @@ An uncompressed ``.npz`` (``numpy.load``) with
   ``format_version``, ``refopt_version``, ``class`` (e.g. ``"Adam"``), ``config``
   (``get_config()``, a schedule as ``{"class_name", "config"}``), ``iterations``,
   ``learning_rate`` (the current value, ``float.hex``), ``built``, ``shapes``, ``dtypes``,
-  ``slots`` (names) and ``has_variables``;
+  ``slots`` (names), ``has_variables``, ``variable_steps`` and ``excluded_from_weight_decay``
+  (the positions, in the saved order, of the variables excluded from weight decay; absent
+  in files written before refopt saved it, which load as excluding nothing);
 - ``slot_{name}_{i}``: slot ``name`` of variable ``i`` (when built);
 - ``variable_{i}``: variable ``i`` (when saved);
 - ``sha256``: hex digest of every other entry (name, dtype, shape and bytes, in sorted name
@@ -81,7 +87,8 @@ def _check_optimizer(optimizer):
 def _check_variables(variables, optimizer):
     """The variables as a list, and their arrays (numba views for ``backend="cuda"``); torch
     tensors and other foreign arrays become the views the optimizer holds for them."""
-    variables = _foreign.variables(optimizer, variables, "variables")
+    if isinstance(variables, (list, tuple)):  # else the executor says what it takes
+        variables = _foreign.variables(optimizer, variables, "variables")
     variables, arrays = optimizer._executor.checkpoint_arrays(variables)
     if len({id(v) for v in variables}) != len(variables):
         raise ValueError("`variables` lists the same array twice.")
@@ -149,6 +156,14 @@ def _write_atomic(path, arrays):
             os.close(dir_fd)
 
 
+def _slot_shape(optimizer, name, shape):
+    """The shape of slot ``name`` of a variable of ``shape``: the EMA ``average`` has the
+    variable's shape whatever the optimizer's :meth:`~refopt.Optimizer.slot_shape` says."""
+    if name == "average" and optimizer.use_ema:
+        return tuple(shape)
+    return tuple(optimizer.slot_shape(name, shape))
+
+
 def _write_file(path, meta, arrays):
     arrays = dict(arrays, meta=np.array(json.dumps(meta)))
     arrays["sha256"] = np.array(_digest(arrays))
@@ -207,6 +222,7 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
     names = sd["slot_names"]
     arrays = {}
     steps = []
+    excluded = []  # positions in `variables` (the file's order), not in build order
     if built:
         n_built = len(optimizer._vars)
         if len(variables) != n_built:
@@ -225,6 +241,10 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
             for name in names:
                 arrays[f"slot_{name}_{i}"] = sd["slots"][name][pos]
             steps.append(sd["variable_steps"][pos])
+            if pos in sd["excluded_from_weight_decay"]:
+                excluded.append(i)
+    else:  # not built: the exclusions name arrays; record those among `variables`
+        excluded = optimizer._excluded_positions(variables)
     if include_variables:
         for i, view in enumerate(views):
             arrays[f"variable_{i}"] = view if isinstance(view, np.ndarray) else view.copy_to_host()
@@ -244,13 +264,26 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
         "has_variables": bool(include_variables),
         # convention step_counter="per_variable" (torch): each variable's own step count
         "variable_steps": steps,
+        "excluded_from_weight_decay": excluded,
     }
     _write_file(path, meta, arrays)
     return meta
 
 
+#: How a zip archive (an ``.npz``) starts: a local file header, or the end record of an
+#: empty archive.
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+
+
 def _read(path):
     path = _check_path(path, "path")
+    with open(path, "rb") as f:  # FileNotFoundError, PermissionError: as they are
+        head = f.read(4)
+    if head not in _ZIP_MAGICS:  # np.load would take it for a pickle and say so
+        raise CheckpointError(
+            f"Cannot read the checkpoint {path}: it is truncated, corrupted or not a refopt "
+            "checkpoint (not an .npz archive: "
+            f"{'an empty file' if not head else f'it starts with {head!r}'})")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {key: z[key] for key in z.files}  # reads (and CRC-checks) every member
@@ -279,7 +312,49 @@ def _read(path):
             f"format {version}; this refopt reads format {FORMAT_VERSION} and older. Upgrade "
             "refopt to load it."
         )
+    _check_meta(meta, path)
     return meta, arrays
+
+
+def _check_meta(meta, path):
+    """CheckpointError unless the metadata has every entry, of the right type: a file whose
+    hash matches but whose metadata was written by hand or by another program."""
+    def bad(key, expected):
+        got = meta.get(key, "(absent)")
+        return CheckpointError(
+            f"The checkpoint {path} has damaged metadata: {key!r} must be {expected}. "
+            f"Received: {got!r}. Re-save it with save_checkpoint, or restore it from a copy.")
+
+    def is_int(x):
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if not isinstance(meta.get("class"), str):
+        raise bad("class", "the optimizer's class name (a string)")
+    if not isinstance(meta.get("config"), dict):
+        raise bad("config", "the optimizer's get_config() (a JSON object)")
+    for key in ("built", "has_variables"):
+        if not isinstance(meta.get(key), bool):
+            raise bad(key, "true or false")
+    shapes = meta.get("shapes")
+    if not isinstance(shapes, list) or not all(
+            isinstance(s, list) and all(is_int(d) and d >= 0 for d in s) for s in shapes):
+        raise bad("shapes", "a list of shapes (lists of integers >= 0)")
+    dtypes = meta.get("dtypes")
+    if not isinstance(dtypes, list) or len(dtypes) != len(shapes) or not all(
+            d in ("float16", "float32", "float64") for d in dtypes):
+        raise bad("dtypes", f"a list of {len(shapes)} names among float16, float32, float64 "
+                  "(one per shape)")
+    if not isinstance(meta.get("slots"), list) or not all(
+            isinstance(n, str) for n in meta["slots"]):
+        raise bad("slots", "a list of slot names")
+    if not isinstance(meta.get("variable_steps", []), list):
+        raise bad("variable_steps", "a list of integers")
+    excluded = meta.get("excluded_from_weight_decay", [])
+    if not isinstance(excluded, list) or not all(
+            is_int(k) and 0 <= k < len(shapes) for k in excluded) or len(set(excluded)) != len(
+            excluded):
+        raise bad("excluded_from_weight_decay",
+                  f"a list of distinct variable positions in [0, {len(shapes)})")
 
 
 def _expect(arrays, key, shape, dtype, path):
@@ -331,13 +406,20 @@ def _rebuild(path, meta, arrays, variables, backend, custom_objects):
     """The optimizer (from the file's class and config) and the variables to load into."""
     cls = _optimizer_class(meta.get("class"), custom_objects, path)
     config = dict(meta["config"])
-    if backend is not None:
-        config["backend"] = backend
+    # backend= if given, else the default (None): never the saved one (module docstring)
+    config["backend"] = backend
     try:
         optimizer = cls.from_config(config, custom_objects=custom_objects)
-    except (TypeError, ValueError, KeyError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the class raises: the file's config
+        if isinstance(exc, (RuntimeError, ImportError)):  # the backend is not usable here
+            fix = (f"pass another backend (backend='cpu' or 'reference'; this call used "
+                   f"backend={backend!r})")
+        else:
+            fix = ("pass your own classes as custom_objects=, or create the optimizer "
+                   "yourself and call load_checkpoint(path, optimizer, variables)")
         raise CheckpointError(
-            f"Cannot recreate the {cls.__name__} saved in {path} from its config ({exc})"
+            f"Cannot recreate the {cls.__name__} saved in {path} from its config "
+            f"({type(exc).__name__}: {exc}); {fix}."
         ) from None
     if variables is not None:
         return optimizer, variables
@@ -382,9 +464,10 @@ def load_checkpoint(path, optimizer=None, variables=None, *, restore_variables=T
     optimizer : refopt.Optimizer, optional
         A new, **not yet built** optimizer of the saved class and configuration (create it as
         the saved one was; ``name``, ``backend`` and ``jit_compile`` may differ; a float
-        ``learning_rate`` is restored from the file). Call its ``exclude_from_weight_decay``
-        before loading if the saved one used it: that setting is not saved. ``None``: create
-        it from the file.
+        ``learning_rate`` is restored from the file). The saved
+        ``exclude_from_weight_decay`` positions are applied to it; if you called its
+        ``exclude_from_weight_decay`` yourself, it must name the variables at the same
+        positions. ``None``: create it from the file.
     variables : list of ndarray (device arrays for ``backend="cuda"``), optional
         The variables, in the order given to :func:`save_checkpoint`, each of the saved shape
         and dtype, C-contiguous and writeable. The optimizer is built with them; on the GPU the
@@ -394,8 +477,11 @@ def load_checkpoint(path, optimizer=None, variables=None, *, restore_variables=T
     restore_variables : bool, default True
         Copy the saved values into ``variables`` (when the checkpoint has them).
     backend : {"reference", "cpu", "cuda"}, optional
-        Only when the optimizer is created from the file: its backend instead of the saved
-        one (``"cuda"``: the new variables are device arrays).
+        Only when the optimizer is created from the file: its backend. Default: the default
+        backend (:func:`refopt.executors.default_backend`, ``$REFOPT_BACKEND``), **not** the
+        saved one: every backend gives the same bits, and a checkpoint saved with
+        ``backend="cuda"`` loads on a machine without a GPU. ``"cuda"``: the new variables
+        are device arrays.
     custom_objects : dict, optional
         Only when the optimizer is created from the file: class names mapped to your own
         optimizer or schedule classes (as Keras' ``custom_objects``).
@@ -416,8 +502,11 @@ def load_checkpoint(path, optimizer=None, variables=None, *, restore_variables=T
         (a ``ValueError``) if the file is truncated, corrupted or not a checkpoint, was written
         in a newer format version, or does not match: another optimizer class or
         configuration, another number of variables, or a variable of another shape or dtype;
-        an unknown class without ``custom_objects``; a file without variables and no
-        ``variables``. The message names what differs.
+        other weight-decay exclusions than ``optimizer``'s own; damaged metadata; an
+        unknown class without ``custom_objects``; a saved configuration the class refuses
+        (or a ``backend`` this machine lacks) when creating the optimizer from the file; a
+        file without variables and no ``variables``. The message names the file and what
+        differs.
     ValueError
         If the optimizer is already built, or a variable is not C-contiguous and writeable.
     TypeError
@@ -510,7 +599,7 @@ def _load(path, optimizer, variables, restore_variables, meta=None, arrays=None)
         for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
             for name in names:
                 slots[name].append(_expect(arrays, f"slot_{name}_{i}",
-                                           tuple(optimizer.slot_shape(name, shape)), dtype, p))
+                                           _slot_shape(optimizer, name, shape), dtype, p))
     values = []
     if restore_variables and meta["has_variables"]:
         values = [_expect(arrays, f"variable_{i}", s, d, p)
@@ -524,13 +613,24 @@ def _load(path, optimizer, variables, restore_variables, meta=None, arrays=None)
     state = {"class": meta["class"], "config": meta["config"], "iterations": meta.get("iterations"),
              "learning_rate": lr, "built": bool(meta["built"]), "slot_names": list(names),
              "slots": slots, "variable_steps": steps if isinstance(steps, list) else [steps]}
+    excluded = meta.get("excluded_from_weight_decay")  # absent in older files: none saved
+    unbuilt_exclusions = None
     try:  # all or nothing: it checks everything, then builds and writes the slots
+        if meta["built"]:
+            state["excluded_from_weight_decay"] = excluded
+        elif excluded:  # positions in `variables`: set before any build, as the saved one
+            unbuilt_exclusions = optimizer._check_excluded(
+                excluded, len(variables), variables, False, "excluded_from_weight_decay")
         optimizer.load_state_dict(state, var_list=variables if meta["built"] else None)
     except (ValueError, TypeError) as exc:
         raise CheckpointError(f"{p} does not match the optimizer: {exc}") from None
+    if unbuilt_exclusions is not None:
+        optimizer.exclude_from_weight_decay(unbuilt_exclusions[1])
     for var, value in zip(views, values):  # checked above: cannot fail
         if isinstance(var, np.ndarray):
             np.copyto(var, value)
         elif value.size:
             var.copy_to_device(np.ascontiguousarray(value))
+    if values:
+        _foreign.touched(optimizer)  # torch tensors written in place: autograd must know
     return meta

@@ -191,6 +191,19 @@ def _add_demo(subparsers):
         "--no-compare", action="store_true",
         help="with --backend cpu, skip timing the optimizer step against the reference at the end",
     )
+    dist = p.add_argument_group("distributed (run under mpiexec -n R)")
+    dist.add_argument(
+        "--distributed", action="store_true",
+        help="train both tables row-sharded over the MPI ranks (row i on rank i mod R; "
+        "mpiexec -n 2 refopt demo --distributed): the same losses and embeddings, bit for "
+        "bit, as without it; needs a lazy --optimizer (LazyAdam, Adagrad, Ftrl) and "
+        'pip install "refopt[mpi]"',
+    )
+    dist.add_argument(
+        "--micro-batches", type=_int_at_least(1), default=None, metavar="K",
+        help="with --distributed, cut each batch into K micro-batches, K/R per rank "
+        "(default: R; a multiple of R)",
+    )
     out = p.add_argument_group("output")
     out.add_argument(
         "--words", metavar="W,W,...",
@@ -210,8 +223,6 @@ def _add_demo(subparsers):
 
 
 def _run_demo(args):
-    import numpy as np
-
     from refopt import demo
 
     wall_start = time.perf_counter()
@@ -246,6 +257,46 @@ def _run_demo(args):
         value = args.backend if option == "--backend" else args.learning_rate
         raise CommandError(f"{option} {value}: {_one_line(exc)}") from None
 
+    comm = _demo_comm(args, optimizer) if args.distributed else None
+    if comm is not None and comm.rank != 0:  # rank 0 reports for all
+        import contextlib
+
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            args.quiet = True
+            return _run_demo_training(args, demo, tokens, all_tokens, vocab, corpus_name,
+                                      optimizer, comm, wall_start)
+    return _run_demo_training(args, demo, tokens, all_tokens, vocab, corpus_name, optimizer,
+                              comm, wall_start)
+
+
+def _demo_comm(args, optimizer):
+    """The MPI engine of ``refopt demo --distributed``, after checking what only it needs."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise CommandError('--distributed needs mpi4py and an MPI library: pip install '
+                           '"refopt[mpi]", then mpiexec -n 2 refopt demo --distributed') from None
+    if not optimizer._is_lazy():
+        raise CommandError(
+            f"--optimizer {args.optimizer}: --distributed row-shards the tables, so the "
+            "optimizer must update only the rows of a batch; "
+            f"{args.optimizer} under convention {optimizer.convention.name!r} updates every row "
+            "(lazy: LazyAdam, Adagrad, Ftrl)")
+    from refopt.distributed import get_comm
+
+    comm = get_comm()
+    k = comm.size if args.micro_batches is None else args.micro_batches
+    if k % comm.size:
+        raise CommandError(f"--micro-batches {k}: must be a multiple of the number of ranks "
+                           f"({comm.size})")
+    args.micro_batches = k
+    return comm
+
+
+def _run_demo_training(args, demo, tokens, all_tokens, vocab, corpus_name, optimizer, comm,
+                       wall_start):
+    import numpy as np
+
     out_dir = None
     if args.out:
         out_dir = args.out
@@ -276,24 +327,33 @@ def _run_demo(args):
           f"{args.negatives} negatives, batch {args.batch_size}, learning rate "
           f"{lr:g}, sample {args.sample:g}, seed {args.seed}")
     print(f"sparse      {demo.sparse_update(optimizer)}")
+    if comm is not None:
+        print(f"distributed {comm.size} rank(s) ({comm.engine}), {args.micro_batches} "
+              f"micro-batches per batch ({args.micro_batches // comm.size} per rank), both "
+              "tables row-sharded (row i on rank i mod R): bit-identical to one process")
     sys.stdout.flush()
 
     reporter = _EpochReporter(show_bar=not args.quiet)
+    settings = {"epochs": args.epochs, "dim": args.dim, "window": args.window,
+                "negatives": args.negatives, "batch_size": args.batch_size,
+                "min_count": args.min_count, "vocab_size": args.vocab_size,
+                "sample": args.sample, "seed": args.seed, "optimizer": optimizer,
+                "progress": reporter}
     try:
-        result = demo.train_skipgram(
-            tokens,
-            epochs=args.epochs,
-            dim=args.dim,
-            window=args.window,
-            negatives=args.negatives,
-            batch_size=args.batch_size,
-            min_count=args.min_count,
-            vocab_size=args.vocab_size,
-            sample=args.sample,
-            seed=args.seed,
-            optimizer=optimizer,
-            progress=reporter,
-        )
+        if comm is None:
+            result = demo.train_skipgram(tokens, **settings)
+        else:
+            try:
+                result = demo.train_skipgram_sharded(tokens, micro_batches=args.micro_batches,
+                                                     comm=comm, **settings)
+            except Exception:
+                if comm.size > 1:  # an error of this rank only: end every rank, not a hang
+                    import traceback
+
+                    traceback.print_exc()
+                    sys.stderr.flush()
+                    comm.abort(1)
+                raise
     finally:
         reporter.close()
 
@@ -323,7 +383,7 @@ def _run_demo(args):
                   f"one direction), so these neighbours mean little yet; train longer "
                   f"(--epochs, default 20) or on more text")
 
-    if out_dir is not None:
+    if out_dir is not None and (comm is None or comm.rank == 0):
         npz = os.path.join(out_dir, "embeddings.npz")
         try:
             np.savez(
@@ -344,7 +404,7 @@ def _run_demo(args):
             print("note        matplotlib is not installed, so loss.png was not written "
                   "(pip install 'refopt[plot]')")
 
-    if args.backend != "reference" and not args.no_compare:
+    if args.backend != "reference" and not args.no_compare and comm is None:
         cmp = demo.compare_backends(
             result, backend=args.backend, baseline="reference", batch_size=args.batch_size,
             negatives=args.negatives, learning_rate=args.learning_rate, seed=args.seed,
@@ -440,7 +500,9 @@ def _one_line(exc):
 # options shared by refopt golden and refopt check
 
 _OPTIMIZER_NAMES = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad", "Adadelta", "Adamax",
-                    "Nadam", "Adafactor", "Lion", "Lamb", "Ftrl", "RAdam", "ASGD", "Rprop")
+                    "Nadam", "Adafactor", "Lion", "Lamb", "Ftrl", "RAdam", "ASGD", "Rprop",
+                    "ProximalAdagrad", "ProximalGradientDescent")
+_OPTIMIZER_NAMES += ("RowWiseAdagrad",)
 _DTYPE_NAMES = ("float16", "float32", "float64")
 
 
@@ -459,6 +521,19 @@ def _setting(text):
         return key, raw
 
 
+def _default_conventions_text():
+    """Each optimizer's default convention, for help texts: ``"the optimizer's own: tf_keras;
+    keras3 for Lamb; torch for RAdam, ASGD, Rprop"`` (from the constructors' defaults)."""
+    from refopt.testing.trajectory import default_convention
+
+    by = {}
+    for name in _OPTIMIZER_NAMES:
+        by.setdefault(default_convention(name), []).append(name)
+    most = max(by, key=lambda c: len(by[c]))
+    rest = [f"{c} for {', '.join(names)}" for c, names in by.items() if c != most]
+    return "; ".join([f"the optimizer's own: {most}", *rest])
+
+
 def _add_optimizer_options(p, *, steps_default):
     p.add_argument(
         "--optimizer", choices=_OPTIMIZER_NAMES, default="Adam",
@@ -472,7 +547,7 @@ def _add_optimizer_options(p, *, steps_default):
     p.add_argument(
         "--convention", default=None,
         help="whose numerics: tf_keras, keras3, keras2, tf1, torch or optax "
-        "(default: the optimizer's own, tf_keras; torch for RAdam, ASGD, Rprop)",
+        f"(default: {_default_conventions_text()})",
     )
     p.add_argument(
         "--dtype", choices=_DTYPE_NAMES, default="float32",
@@ -554,8 +629,9 @@ def _add_golden(subparsers):
         help="give every variable of at least one non-empty dimension IndexedSlices gradients "
         "(random rows, duplicates included)",
     )
-    p.add_argument("--out", required=True, metavar="PREFIX",
-                   help="write PREFIX.npz and PREFIX.json (missing folders are created)")
+    p.add_argument("--out", required=True, metavar="PREFIX", type=_prefix,
+                   help="write PREFIX.npz and PREFIX.json (missing folders are created; a "
+                   "PREFIX ending in .npz or .json names the file itself)")
     p.add_argument(
         "--format", choices=("both", "json", "npz"), default="both",
         help="which files to write (default: %(default)s)",
@@ -563,10 +639,23 @@ def _add_golden(subparsers):
     p.set_defaults(handler=_run_golden)
 
 
+def _prefix(text):
+    """``--out``: a non-empty file prefix."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file prefix such as golden/adam, got ''")
+    return text
+
+
 def _run_golden(args):
     from refopt.testing import golden
 
     config = _config(args)
+    # `--out gold/x.npz --format npz` means gold/x.npz, not gold/x.npz.npz
+    suffixes = {"npz": (".npz",), "json": (".json",), "both": (".npz", ".json")}[args.format]
+    for suffix in suffixes:
+        if args.out.endswith(suffix) and len(args.out) > len(suffix):
+            args.out = args.out[:-len(suffix)]
+            break
     shapes = args.shapes or [(3,)]
     try:
         trajectory = golden.make_trajectory(
@@ -977,6 +1066,19 @@ def _info_optimizers():
     return table
 
 
+def _folder_size(path):
+    """``(files, bytes)`` of everything under ``path`` (unreadable entries are skipped)."""
+    files = size = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.path.getsize(os.path.join(root, name))
+                files += 1
+            except OSError:
+                continue
+    return files, size
+
+
 def collect_info():
     """What ``refopt info`` reports, as a JSON-serialisable dict.
 
@@ -989,8 +1091,10 @@ def collect_info():
         ``detail``; cuda also ``numba_cuda``, ``simulator``, ``devices``), ``numba_threads``
         (``threads``, ``max``, ``threading_layer``), ``conventions`` (preset -> framework),
         ``optimizers`` (class name -> ``conventions``, the presets it exists under, and its
-        ``default``), ``kernel_cache`` (``path``
-        and where it came from) and ``golden_cases`` (``total``, ``bit_identical``,
+        ``default``), ``kernel_cache`` (``path``, where it came from (``source``), ``env``
+        (``$REFOPT_KERNEL_CACHE``), ``env_unusable`` (set but not usable, so another folder
+        is used), and ``files`` and ``bytes``: its size; deleting the folder is safe, the
+        kernels compile again on first use) and ``golden_cases`` (``total``, ``bit_identical``,
         ``by_convention``).
     """
     import platform
@@ -1023,7 +1127,8 @@ def collect_info():
                f"{threads['threads']} thread(s)"}
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         cpu["detail"] = f"Numba cannot be imported: {type(exc).__name__}: {_one_line(exc)}"
-    cache = {"path": None, "source": None, "env": os.environ.get("REFOPT_KERNEL_CACHE")}
+    cache = {"path": None, "source": None, "env": os.environ.get("REFOPT_KERNEL_CACHE"),
+             "files": None, "bytes": None}
     if cpu["available"]:
         try:
             from pathlib import Path
@@ -1035,8 +1140,12 @@ def collect_info():
             cache["source"] = ("REFOPT_KERNEL_CACHE" if cache["env"] and path == Path(cache["env"])
                                else "home" if path == Path.home() / ".cache" / "refopt" / "kernels"
                                else "temporary folder")
+            cache["files"], cache["bytes"] = _folder_size(path)
         except Exception as exc:  # noqa: BLE001 - no writable folder: reported
             cache["source"] = f"error: {_one_line(exc)}"
+    # set, but not the folder used (not creatable or not writable): say so
+    cache["env_unusable"] = (bool(cache["env"]) and cpu["available"]
+                             and cache["source"] != "REFOPT_KERNEL_CACHE")
     info["backends"] = {
         "reference": {"available": True, "detail": f"NumPy {packages['numpy']}"},
         "cpu": cpu,
@@ -1102,6 +1211,13 @@ def _run_info(args):
     c = info["kernel_cache"]
     where = f" ({c['source']})" if c["source"] else ""
     print(f"kernels     {c['path'] or 'no cache folder'}{where}")
+    if c["files"] is not None:
+        print(f"            {c['files']} files, {c['bytes'] / 1e6:.1f} MB; safe to delete to "
+              "clean it (kernels compile again on first use)")
+    if c["env_unusable"]:
+        print(f"            REFOPT_KERNEL_CACHE={c['env']} is set but not usable (cannot "
+              "create or write that folder)"
+              + (f"; using {c['path']} instead" if c["path"] else ""))
     print("conventions")
     for name, framework in info["conventions"].items():
         print(f"  {name:9s} {framework}")

@@ -57,6 +57,9 @@ KNOB_VALUES = {
     "radam_form": ('torch', 'optax', 'none'),
     "asgd_form": ('torch', 'none'),
     "rprop_form": ('torch', 'none'),
+    "proximal_adagrad_form": ('tf1', 'none'),
+    "proximal_sgd_form": ('tf1', 'none'),
+    "rowwise_adagrad_form": ("fbgemm", "none"),
 }
 
 
@@ -155,6 +158,15 @@ radam_form, asgd_form, rprop_form : str
         ``adagrad_form``), or ``"none"`` where the framework has no such optimizer (the
         class then refuses the convention, naming both). See each optimizer's reference
         function in :mod:`refopt.reference`.
+    proximal_adagrad_form, proximal_sgd_form : {"tf1", "none"}
+        ``ProximalAdagrad`` and ``ProximalGradientDescent``: TF1's kernels (``"tf1"``, the
+        tf1 preset only; sparse gradients summed first, one-element rows divided in double),
+        ``"none"`` elsewhere. See :mod:`refopt.reference.proximal`.
+    rowwise_adagrad_form : {"fbgemm", "none"}
+        ``RowWiseAdagrad``: FBGEMM's table-batched embedding ``EXACT_ROWWISE_ADAGRAD`` (CPU
+        reference kernel: duplicates summed first in order of appearance, one accumulator
+        per row growing by the mean of the squared row gradient, ``lr/(sqrt(acc) + eps)``),
+        the ``"fbgemm"`` preset only. See :mod:`refopt.reference.rowwise_adagrad`.
     keras3_sparse_square : bool
         Reproduce a Keras 3 (TF backend) bug: for an IndexedSlices gradient ``v`` gets the
         sum of the squared duplicate slices instead of the square of their sum. Off in every
@@ -195,6 +207,9 @@ radam_form, asgd_form, rprop_form : str
     radam_form: str = "none"
     asgd_form: str = "none"
     rprop_form: str = "none"
+    proximal_adagrad_form: str = "none"
+    proximal_sgd_form: str = "none"
+    rowwise_adagrad_form: str = "none"
 
     def __post_init__(self):
         for knob, allowed in KNOB_VALUES.items():
@@ -311,6 +326,8 @@ PRESETS = {
         adafactor_form="none",
         lion_form="none",
         ftrl_form="tf1",
+        proximal_adagrad_form="tf1",
+        proximal_sgd_form="tf1",
         framework="TF1 tf.compat.v1.train optimizers (Adam, Momentum, RMSProp, Adagrad) and "
         "the TF1 contrib LazyAdamOptimizer",
         bias_correction="accumulator",
@@ -395,6 +412,23 @@ PRESETS = {
         radam_form="optax",
     ),
 }
+#: FBGEMM's table-batched embeddings (``fbgemm_gpu``, as TorchRec's fused embeddings use
+#: them): ``RowWiseAdagrad`` is FBGEMM's ``EXACT_ROWWISE_ADAGRAD``; every other knob is
+#: PyTorch's (FBGEMM runs inside PyTorch: the dense parameters next to the tables take
+#: ``torch.optim``), except the optimizers PyTorch has and FBGEMM's tables do not take.
+PRESETS["fbgemm"] = PRESETS["torch"].replace(
+    name="fbgemm",
+    framework="FBGEMM table-batched embeddings (fbgemm_gpu EXACT_ROWWISE_ADAGRAD, CPU kernel; "
+    "as TorchRec's fused embeddings use them); torch.optim's knobs for everything else",
+    adadelta_form="none",
+    adamax_form="none",
+    nadam_form="none",
+    adafactor_form="none",
+    radam_form="none",
+    asgd_form="none",
+    rprop_form="none",
+    rowwise_adagrad_form="fbgemm",
+)
 
 
 def get_convention(convention="tf_keras", **knobs):

@@ -40,21 +40,23 @@ from refopt.indexed_slices import IndexedSlices
 __all__ = [
     "DEFAULT_CORPUS_NAME",
     "DEMO_OPTIMIZERS",
+    "BackendComparison",
     "Progress",
     "SkipGramResult",
     "Vocabulary",
-    "BackendComparison",
     "build_vocabulary",
     "compare_backends",
     "load_corpus",
     "make_optimizer",
     "mean_cosine_similarity",
+    "micro_batch_bounds",
     "nearest_neighbours",
     "skipgram_batch",
     "sparse_update",
     "subsample",
     "tokenize",
     "train_skipgram",
+    "train_skipgram_sharded",
 ]
 
 #: What :func:`load_corpus` calls the embedded default corpus.
@@ -264,24 +266,38 @@ def skipgram_batch(center_table, context_table, centers, targets):
     ``σ(-z) = exp(-logaddexp(0, z))``. The gradients are in the dtype of the tables. Indices repeat
     whenever a word occurs more than once in the batch; the optimizer sums them.
     """
-    dtype = center_table.dtype
-    batch, width = targets.shape
     u = center_table[centers]  # (B, d)
     v = context_table[targets]  # (B, 1+K, d)
-    scores = np.matmul(v, u[:, :, None])[:, :, 0]  # (B, 1+K)
-    sign = np.full(width, -1.0, dtype=dtype)
-    sign[0] = 1.0
-    z = scores * sign
-    loss = float(np.logaddexp(dtype.type(0), -z).sum(dtype=np.float64) / batch)
-    # d(mean loss)/d(score): -sign * sigmoid(-z) / B
-    dscore = (-sign / dtype.type(batch)) * np.exp(-np.logaddexp(dtype.type(0), z))
-    center_values = np.matmul(dscore[:, None, :], v)[:, 0, :]  # (B, d)
-    context_values = (dscore[:, :, None] * u[:, None, :]).reshape(batch * width, -1)
+    terms, center_values, context_values = _sgns_rows(u, v, targets.shape[0])
+    loss = float(terms.sum(dtype=np.float64) / targets.shape[0])
     return (
         loss,
         IndexedSlices(center_values, centers, center_table.shape),
         IndexedSlices(context_values, targets.reshape(-1), context_table.shape),
     )
+
+
+def _sgns_rows(u, v, batch):
+    """The per-example loss terms and gradient rows of :func:`skipgram_batch`.
+
+    ``u`` (b, d) and ``v`` (b, 1+K, d) are the looked-up rows of ``b`` examples of a batch of
+    ``batch`` examples (``b <= batch``: every quantity here is computed row by row, so the rows
+    of a part of a batch are the bytes of the same rows of the whole batch; the gradient is of
+    the mean over ``batch``). Returns ``terms`` (b, 1+K), the center gradient rows (b, d) and
+    the context gradient rows (b (1+K), d), in the dtype of ``u``.
+    """
+    dtype = u.dtype
+    width = v.shape[1]
+    scores = np.matmul(v, u[:, :, None])[:, :, 0]  # (b, 1+K)
+    sign = np.full(width, -1.0, dtype=dtype)
+    sign[0] = 1.0
+    z = scores * sign
+    terms = np.logaddexp(dtype.type(0), -z)
+    # d(mean loss)/d(score): -sign * sigmoid(-z) / B
+    dscore = (-sign / dtype.type(batch)) * np.exp(-np.logaddexp(dtype.type(0), z))
+    center_values = np.matmul(dscore[:, None, :], v)[:, 0, :]  # (b, d)
+    context_values = (dscore[:, :, None] * u[:, None, :]).reshape(u.shape[0] * width, -1)
+    return terms, center_values, context_values
 
 
 #: The optimizers ``refopt demo --optimizer`` trains with (every one that accepts
@@ -556,6 +572,43 @@ def train_skipgram(
     word2vec. Both are C-contiguous float32 and are updated in place by the optimizer; the
     gradients are float32 :class:`~refopt.IndexedSlices` (see :func:`skipgram_batch`).
     """
+    start = time.perf_counter()
+    tokens, vocab, ids = _prepare(tokens, epochs=epochs, dim=dim, window=window,
+                                  negatives=negatives, batch_size=batch_size,
+                                  learning_rate=learning_rate, min_count=min_count,
+                                  vocab_size=vocab_size)
+    if optimizer is None:
+        optimizer = make_optimizer(learning_rate, backend)
+    rng = np.random.default_rng(seed)
+    center_table, context_table = _initial_tables(len(vocab), dim, rng)
+
+    def step(centers, targets):
+        loss, center_grad, context_grad = skipgram_batch(center_table, context_table, centers,
+                                                         targets)
+        optimizer.apply_gradients([(center_grad, center_table), (context_grad, context_table)])
+        return loss
+
+    losses, epoch_seconds, pairs_per_epoch = _train_loop(
+        ids, vocab, rng, step, epochs=epochs, window=window, negatives=negatives,
+        batch_size=batch_size, sample=sample, progress=progress)
+    return SkipGramResult(
+        vocab=list(vocab.words),
+        counts=vocab.counts,
+        embeddings=center_table,
+        context_embeddings=context_table,
+        losses=losses,
+        epoch_seconds=epoch_seconds,
+        pairs_per_epoch=pairs_per_epoch,
+        corpus_tokens=len(tokens),
+        vocab_tokens=int(ids.size),
+        seconds=time.perf_counter() - start,
+        iterations=int(optimizer.iterations),
+    )
+
+
+def _prepare(tokens, *, epochs, dim, window, negatives, batch_size, learning_rate, min_count,
+             vocab_size):
+    """Check the arguments of :func:`train_skipgram`; the tokens, vocabulary and row ids."""
     for name, value, low in [
         ("epochs", epochs, 1),
         ("dim", dim, 1),
@@ -569,8 +622,6 @@ def train_skipgram(
             raise ValueError(f"`{name}` must be an integer >= {low}. Received: {name}={value!r}")
     if not learning_rate > 0:
         raise ValueError(f"`learning_rate` must be > 0. Received: learning_rate={learning_rate!r}")
-
-    start = time.perf_counter()
     tokens = list(tokens)
     vocab = build_vocabulary(tokens, min_count=min_count, max_size=vocab_size)
     if len(vocab) < 2:
@@ -578,19 +629,27 @@ def train_skipgram(
             f"the corpus has {len(vocab)} distinct word(s) occurring at least {min_count} times "
             f"({len(tokens)} tokens); at least 2 are needed to train"
         )
-    ids = vocab.encode(tokens)
-    if optimizer is None:
-        optimizer = make_optimizer(learning_rate, backend)
+    return tokens, vocab, vocab.encode(tokens)
 
-    rng = np.random.default_rng(seed)
-    n_words = len(vocab)
+
+def _initial_tables(n_words, dim, rng):
+    """word2vec's start: the input table uniform in [-0.5/dim, 0.5/dim), the output at 0."""
     center_table = np.ascontiguousarray(
         (rng.random((n_words, dim), dtype=np.float32) - np.float32(0.5)) / np.float32(dim)
     )
-    context_table = np.zeros((n_words, dim), dtype=np.float32)
+    return center_table, np.zeros((n_words, dim), dtype=np.float32)
+
+
+def _train_loop(ids, vocab, rng, step, *, epochs, window, negatives, batch_size, sample,
+                progress):
+    """The epochs and batches of :func:`train_skipgram`: every random draw, in one order.
+
+    ``step(centers, targets)`` trains on one batch and returns its mean loss (a float).
+    Returns the mean loss, the seconds and the pairs of each epoch.
+    """
+    n_words = len(vocab)
     noise = vocab.counts.astype(np.float64) ** 0.75
     noise_cdf = np.cumsum(noise / noise.sum())
-
     losses, epoch_seconds, pairs_per_epoch = [], [], []
     for epoch in range(1, epochs + 1):
         epoch_start = time.perf_counter()
@@ -609,10 +668,7 @@ def train_skipgram(
             if negatives:
                 draws = rng.random((c.size, negatives))
                 targets[:, 1:] = np.minimum(np.searchsorted(noise_cdf, draws), n_words - 1)
-            loss, center_grad, context_grad = skipgram_batch(
-                center_table, context_table, c, targets
-            )
-            optimizer.apply_gradients([(center_grad, center_table), (context_grad, context_table)])
+            loss = step(c, targets)
             total += loss * c.size
             if progress is not None:
                 done = min(n_pairs, (b + 1) * batch_size)
@@ -625,19 +681,143 @@ def train_skipgram(
         epoch_seconds.append(time.perf_counter() - epoch_start)
         if progress is not None and n_batches == 0:
             progress(Progress(epoch, epochs, 0, 0, float("nan"), 0, epoch_seconds[-1]))
+    return losses, epoch_seconds, pairs_per_epoch
 
+
+def micro_batch_bounds(batch, micro_batches):
+    """Where the ``micro_batches`` micro-batches of a batch of ``batch`` pairs start and end.
+
+    Micro-batch ``k`` holds pairs ``[b[k], b[k + 1])`` with ``b[k] = k * batch //
+    micro_batches`` (balanced and contiguous; some are empty when the batch is smaller
+    than ``micro_batches``).
+
+    Returns
+    -------
+    list of int, length ``micro_batches + 1``
+    """
+    return [k * batch // micro_batches for k in range(micro_batches + 1)]
+
+
+def train_skipgram_sharded(
+    tokens,
+    *,
+    micro_batches=None,
+    comm=None,
+    epochs=20,
+    dim=100,
+    window=5,
+    negatives=5,
+    batch_size=1024,
+    learning_rate=0.005,
+    min_count=5,
+    vocab_size=5000,
+    sample=1e-3,
+    seed=0,
+    backend="cpu",
+    optimizer=None,
+    progress=None,
+):
+    """:func:`train_skipgram` over MPI, both tables row-sharded: the same bits for any R.
+
+    A collective: every rank calls it with the same arguments (``mpiexec -n R``). Every rank
+    draws the whole run's random numbers (the same stream as :func:`train_skipgram`); each
+    batch is cut into ``micro_batches`` contiguous micro-batches
+    (:func:`micro_batch_bounds`) and rank ``r`` computes micro-batches ``r K / R .. (r + 1)
+    K / R - 1``: it gathers the rows they need from their owners
+    (:meth:`~refopt.distributed.ShardedEmbedding.lookup`), forms their gradient rows (each a
+    row of the whole batch's gradient, bit for bit, the mean still over the whole batch),
+    and hands them to two :class:`~refopt.distributed.ShardedEmbedding` (row ``i`` of each
+    table on rank ``i mod R``), whose owners add duplicates in (micro-batch, position)
+    order, the order of the whole batch's ``IndexedSlices``. The per-example loss terms are
+    gathered and summed as :func:`skipgram_batch` sums them. So the losses, both tables and
+    the optimizer's slots are those of :func:`train_skipgram` with the same arguments, bit for
+    bit, whatever R and K.
+
+    Parameters
+    ----------
+    tokens, epochs, dim, window, negatives, batch_size, learning_rate, min_count, vocab_size,
+    sample, seed, backend, progress
+        As :func:`train_skipgram` (``progress`` is called on every rank; report from one).
+    micro_batches : int or None
+        K, a multiple of R; None: R.
+    comm : Communicator, mpi4py communicator or None
+        See :func:`refopt.distributed.get_comm`.
+    optimizer : refopt.Optimizer or None
+        Unbuilt and lazy on sparse gradients (LazyAdam, the default; Adagrad; Keras 2's
+        Ftrl): each table gets a copy of it (one optimizer per table, one step per batch, as
+        the one optimizer of :func:`train_skipgram` steps both tables once per batch).
+
+    Returns
+    -------
+    SkipGramResult
+        On every rank, with the whole tables (gathered at the end).
+
+    Raises
+    ------
+    ValueError
+        As :func:`train_skipgram`; a ``micro_batches`` that is not a multiple of R.
+    TypeError
+        An optimizer that is not lazy on sparse gradients (a row-sharded table's owner
+        moves only its rows).
+    ImportError
+        No ``comm`` given and ``mpi4py`` is not installed (``pip install "refopt[mpi]"``).
+    """
+    from refopt.distributed import ShardedEmbedding, get_comm
+
+    start = time.perf_counter()
+    tokens, vocab, ids = _prepare(tokens, epochs=epochs, dim=dim, window=window,
+                                  negatives=negatives, batch_size=batch_size,
+                                  learning_rate=learning_rate, min_count=min_count,
+                                  vocab_size=vocab_size)
+    comm = get_comm(comm)
+    micro_batches = comm.size if micro_batches is None else micro_batches
+    if optimizer is None:
+        optimizer = make_optimizer(learning_rate, backend)
+    rng = np.random.default_rng(seed)
+    center_table, context_table = _initial_tables(len(vocab), dim, rng)
+    tables = [ShardedEmbedding(optimizer, table, micro_batches=micro_batches, comm=comm)
+              for table in (center_table, context_table)]
+    del center_table, context_table  # each rank keeps its rows only
+    mine = tables[0].micro_batch_ids
+    shape = tables[0].shape
+
+    def step(centers, targets):
+        n, width = targets.shape
+        cut = micro_batch_bounds(n, micro_batches)
+        lo, hi = cut[mine[0]], cut[mine[-1] + 1]
+        u = tables[0].lookup(centers[lo:hi])
+        v = tables[1].lookup(targets[lo:hi].reshape(-1)).reshape(hi - lo, width, dim)
+        terms = np.empty((hi - lo, width), np.float32)
+        center_grads, context_grads = [], []
+        for k in mine:
+            a, b = cut[k] - lo, cut[k + 1] - lo
+            terms[a:b], cv, xv = _sgns_rows(u[a:b], v[a:b], n)
+            center_grads.append(IndexedSlices(cv, centers[lo + a:lo + b], shape))
+            context_grads.append(IndexedSlices(xv, targets[lo + a:lo + b].reshape(-1), shape))
+        tables[0].apply_gradients(center_grads)
+        tables[1].apply_gradients(context_grads)
+        every = np.empty((n, width), np.float32)  # the whole batch's terms, in order
+        R = comm.size
+        counts = [(cut[(r + 1) * micro_batches // R] - cut[r * micro_batches // R]) * width
+                  for r in range(R)]
+        comm.allgatherv(terms.reshape(-1), every.reshape(-1), counts)
+        return float(every.sum(dtype=np.float64) / n)
+
+    losses, epoch_seconds, pairs_per_epoch = _train_loop(
+        ids, vocab, rng, step, epochs=epochs, window=window, negatives=negatives,
+        batch_size=batch_size, sample=sample, progress=progress)
     return SkipGramResult(
         vocab=list(vocab.words),
         counts=vocab.counts,
-        embeddings=center_table,
-        context_embeddings=context_table,
+        embeddings=tables[0].gather_table(),
+        context_embeddings=tables[1].gather_table(),
         losses=losses,
         epoch_seconds=epoch_seconds,
         pairs_per_epoch=pairs_per_epoch,
         corpus_tokens=len(tokens),
         vocab_tokens=int(ids.size),
         seconds=time.perf_counter() - start,
-        iterations=int(optimizer.iterations),
+        iterations=int(tables[0].iterations),
     )
 
 

@@ -42,6 +42,13 @@ with a schedule, the value the last step used (the next one evaluates the schedu
 ``iterations``). The class and configuration are not in the state: loading a state made by
 another optimizer raises only where its slots, shapes or dtypes differ.
 
+Weight-decay exclusions (the class's ``exclude_from_weight_decay``) have no functional form:
+every param is decayed when ``weight_decay`` is set. Use the class where some variables must
+not decay (its :meth:`~refopt.Optimizer.state_dict` and checkpoints keep the exclusions).
+
+A :class:`Functional` pickles and deep-copies (its configuration; the cached optimizer is
+rebuilt on the next step, from the state given).
+
 The arrays of a returned state are read-only: a step whose state is the one returned by the
 previous step of the same functional object reuses that object's optimizer as it is (no load);
 any other state (a copy, a file read back, one made by hand) is loaded in full. Replacing an
@@ -79,8 +86,10 @@ True
 
 from __future__ import annotations
 
+import re
 import threading
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -231,9 +240,14 @@ def unflatten_state(flat, params):
 
     Raises
     ------
+    TypeError
+        If ``flat`` is not a mapping (a dict, or what ``numpy.load`` gives for an ``.npz``).
     KeyError
         If an entry is missing (the message names it).
     """
+    if not isinstance(flat, Mapping):
+        raise TypeError("`flat` must be a mapping of keys to arrays (a dict, or numpy.load of "
+                        f"an .npz). Received: {type(flat).__name__}")
 
     def entry(key):
         if key not in flat:
@@ -305,6 +319,16 @@ class Functional:
 
     def __repr__(self):
         return f"Functional({self.optimizer_class.__name__}, {self.config!r})"
+
+    def __getstate__(self):  # the lock cannot be pickled; the cache is rebuilt on demand
+        state = dict(self.__dict__)
+        del state["_lock"]
+        state["_cache"] = state["_last"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     # ----------------------------------------------------------------- helpers
     def _new_optimizer(self):
@@ -428,18 +452,14 @@ class Functional:
             steps.append(_integer(value, path))
         iterations = _integer(state["iterations"], "state['iterations']")
         lr = state.get("learning_rate")
-        if lr is not None:
-            a = np.asarray(lr)
-            if a.shape != () or a.dtype.kind != "f":
-                raise ValueError("`state['learning_rate']` must be a 0-d float array. "
-                                 f"Received: {a.dtype} of shape {a.shape}")
-            lr = float(a)
-        else:
-            lr = self._default_lr
+        lr = self._default_lr if lr is None else _real(lr, "state['learning_rate']")
         sd = {"class": type(opt).__name__, "config": opt.get_config(),
               "iterations": iterations, "learning_rate": lr, "built": True,
               "slot_names": names, "slots": flat_slots, "variable_steps": steps}
-        opt.load_state_dict(sd)
+        try:
+            opt.load_state_dict(sd)
+        except (TypeError, ValueError) as exc:  # name the state's keys, not the class's
+            raise _renamed(exc, str(exc).replace("`state_dict[", "`state[")) from None
 
     # ----------------------------------------------------------------- the API
     def init(self, params):
@@ -510,7 +530,7 @@ class Functional:
             self._load_params(private, leaves)
             pairs = [(self._gradient(g), v) for g, v in zip(g_leaves, private)]
             if pairs:
-                opt.apply_gradients(pairs)
+                self._apply(opt, pairs, params)
             new_params = _rebuild(params, [self._out(p, like)
                                            for p, like in zip(private, leaves)])
             new_state = self._state_from(opt, params)
@@ -546,12 +566,65 @@ class Functional:
                 out.append(self._kc().to_device(diff))
         return _rebuild(params, out), state
 
+    def _apply(self, opt, pairs, params):
+        """``opt.apply_gradients(pairs)``, its errors and warnings naming tree paths
+        (``grads['w']``, ``params['w']``) instead of positions in the sorted leaves."""
+        _, gpaths = _flatten(params, "grads")
+        _, ppaths = _flatten(params, "params")
+
+        def paths(text):
+            text = re.sub(r"Gradient at position (\d+)",
+                          lambda m: f"Gradient `{gpaths[int(m[1])]}`", text)
+            text = re.sub(r"variables at positions \[([\d, ]*)\]", lambda m: "variables " + ", ".join(
+                f"`{ppaths[int(k)]}`" for k in m[1].split(",") if k.strip()), text)
+            return re.sub(r"variable at position (\d+)",
+                          lambda m: f"variable `{ppaths[int(m[1])]}`", text)
+
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                opt.apply_gradients(pairs)
+        except (TypeError, ValueError) as exc:
+            text = str(exc)
+            if paths(text) == text:
+                raise
+            raise _renamed(exc, paths(text)) from None
+        for w in caught:  # again, through the caller's filters, at the caller's line
+            warnings.warn(paths(str(w.message)), w.category,
+                          stacklevel=Optimizer._user_stacklevel())
+
     def _gradient(self, g):
         if not (g is None or isinstance(g, (np.ndarray, IndexedSlices)) or self._is_device(g)):
             g = np.asarray(g)  # an object with __array__ (a JAX array, a CPU torch tensor)
         if self._backend == "cuda" and isinstance(g, np.ndarray):
             return self._kc().to_device(g)  # the class takes device gradients (a copy)
         return g
+
+
+def _renamed(exc, text):
+    """An exception of ``exc``'s type with the message ``text`` (``exc`` itself when its
+    type cannot be made from a message)."""
+    try:
+        return type(exc)(text)
+    except Exception:  # noqa: BLE001 - an exception type with another constructor
+        return exc
+
+
+def _real(value, path):
+    """A 0-d real array (or number) as a float, if it converts exactly."""
+    a = np.asarray(value)
+    if a.shape != () or a.dtype.kind not in "fiu":
+        raise ValueError(f"`{path}` must be a 0-d float array (or a number). Received: "
+                         f"{a.dtype} of shape {a.shape}")
+    if a.dtype.kind == "f":
+        out = float(a)
+        if np.isfinite(a) and out != a:  # a longdouble beyond float64
+            raise ValueError(f"`{path}` must convert to a float exactly. Received: {a!r}")
+        return out
+    out = float(int(a))
+    if int(out) != int(a):
+        raise ValueError(f"`{path}` must convert to a float exactly. Received: {int(a)}")
+    return out
 
 
 def _integer(value, path):

@@ -45,7 +45,25 @@ Measured (a 1,153-weight tanh MLP, float32, 300 steps, ``jax.jit``): 0 elements 
 ``SGD`` with momentum under ``"torch"`` about 2% of them (every step has some). Where you
 need refopt's bits always, create the transform with ``keep_params=True`` and apply the
 update with :func:`apply_updates` (it takes refopt's ``n`` from the state wherever the update
-is this transform's own).
+is this transform's own). ``Ftrl`` needs it too: its new weight is computed from its
+accumulators, not added to the old one, so ``params + updates`` misses ``n`` in about 1.7% of
+the element-steps (measured under ``"tf_keras"``, learning rate 0.1, 100 steps).
+
+refopt's ``"optax"`` convention versus optax itself
+---------------------------------------------------
+The transform computes what refopt's class computes under the convention (bit for bit,
+every dtype); ``convention="optax"`` reproduces ``optax.adam`` etc. under ``jax.jit`` for
+float32 and float64 parameter trees of **two or more leaves** (the conformance cases). Two
+things it does not reproduce (measured lock-step: at each of 100 steps optax's own state
+and parameters given to refopt's step, 1,000 weights, Adam, learning rate 1e-3 / 1e-2):
+
+* **float16 parameters**: optax's float16 arithmetic is not modelled; 0.7% / 4.5% of the
+  element-steps differ (on the first step up to a third of the weights), and the
+  trajectories then drift apart;
+* **a single-leaf parameter tree** (one array, not a dict or list of several): XLA compiles
+  optax's update for one leaf with other operations (reciprocal multiplies; see
+  ``conformance/README.md`` §3); 0.09% / 0.6% of the element-steps differ (float32). refopt
+  follows the several-leaf form.
 
 64-bit values without ``jax_enable_x64``
 ----------------------------------------
@@ -156,9 +174,31 @@ def _encode(a, words):
     return a.reshape(-1).view(np.uint32).reshape(a.shape + (2,)) if words else a
 
 
-def _decode(a, dtype, shape, words):
+def _decode(a, dtype, shape, words, batch=()):
+    """A stored leaf back to ``dtype``; ``batch``: leading dimensions added by ``jax.vmap``."""
     a = np.asarray(a, order="C")
-    return a.reshape(-1).view(dtype).reshape(shape) if words else a
+    return a.reshape(-1).view(dtype).reshape(batch + shape) if words else a
+
+
+def _batch_shape(leaves, specs):
+    """The leading dimensions ``jax.vmap`` added to every leaf of a state (``()`` for an
+    unbatched state), or a clear error when the leaves do not fit the transform's layout."""
+    batch = None
+    for a, (dt, shape, words) in zip(leaves, specs):
+        stored = shape + (2,) if words else shape
+        lead = a.shape[:a.ndim - len(stored)]
+        if a.ndim < len(stored) or a.shape[a.ndim - len(stored):] != stored or (
+                batch is not None and lead != batch):
+            raise ValueError(
+                "`state` has a leaf of shape "
+                f"{a.shape} where the transform stores {stored} ({np.dtype(dt)}"
+                f"{', as uint32 pairs' if words else ''}), after the same leading (batch) "
+                f"dimensions {batch if batch is not None else '(any)'} as the other leaves: a "
+                "state batched by jax.vmap must have its batch dimensions first (vmap's "
+                "default out_axes=0); index one element (jax.tree_util.tree_map(lambda x: "
+                "x[i], state)) otherwise.")
+        batch = lead
+    return batch or ()
 
 
 class _Meta:
@@ -260,11 +300,17 @@ def host_state(state):
         ``jax.tree_util.tree_leaves`` order}, "variable_steps": list of 0-d int64}`` (plus
         ``"params"`` with ``keep_params=True``), new NumPy arrays: the state of
         :mod:`refopt.functional`, and of :meth:`refopt.Optimizer.state_dict` by its parts.
+        A state batched by :func:`jax.vmap` gives every array with the batch dimensions in
+        front (``"iterations"`` of shape ``(B,)``...): element ``i`` of each is optimizer
+        ``i``'s.
 
     Raises
     ------
     TypeError
         If ``state`` is not a :class:`RefoptState`, or holds tracers (under ``jit``).
+    ValueError
+        If its leaves do not have the transform's shapes after one common set of leading
+        (batch) dimensions (e.g. a state vmapped with ``out_axes`` other than 0).
     """
     if not isinstance(state, RefoptState):
         raise TypeError("`state` must be the RefoptState of a refopt.optax transform. "
@@ -273,7 +319,9 @@ def host_state(state):
     leaves = jax.tree_util.tree_leaves(state.tree)
     if any(isinstance(a, jax.core.Tracer) for a in leaves):
         raise TypeError("host_state() reads concrete arrays; it cannot run under jit.")
-    out = [_decode(a, np.dtype(dt), shape, words).copy()
+    leaves = [np.asarray(a) for a in leaves]
+    batch = _batch_shape(leaves, meta.specs)
+    out = [_decode(a, np.dtype(dt), shape, words, batch).copy()
            for a, (dt, shape, words) in zip(leaves, meta.specs)]
     return jax.tree_util.tree_unflatten(meta.host_treedef, out)
 
@@ -292,8 +340,12 @@ def _check_leaves(names, leaves, what):
         dtype = getattr(leaf, "dtype", None)
         shape = getattr(leaf, "shape", None)
         if dtype is None or shape is None:
-            raise TypeError(f"`{what}` leaves must be arrays. Received: {what}{name} = "
-                            f"{type(leaf).__name__}")
+            where = what if name == "(root)" else f"{what}{name}"
+            raise TypeError(
+                f"`{what}` leaves must be float16/32/64 arrays (refopt computes in the "
+                f"leaf's dtype, which a Python number does not have). Received: {where} = "
+                f"{leaf!r} ({type(leaf).__name__}); pass jnp.asarray(x, jnp.float32) (or "
+                "the dtype you train in).")
         dtype = np.dtype(dtype)
         if dtype not in _FLOATS:
             raise TypeError(f"refopt computes float16, float32 and float64 arrays; `{what}` "
@@ -344,7 +396,8 @@ def transform(optimizer, /, *args, keep_params=False, **kwargs):
     ------
     TypeError
         ``optimizer`` is not a refopt optimizer class; the constructor's own errors (an
-        unknown keyword, a hyperparameter of the wrong type) are raised here, at once.
+        unknown keyword, a hyperparameter of the wrong type) are raised here, at once; a
+        keyword named ``kwargs`` (``optax.inject_hyperparams``, not supported).
         From ``init``/``update``: a leaf that is not a float16/32/64 array; a float64 NumPy
         leaf without ``jax_enable_x64``; a ``state`` that is not this transform's.
     ValueError
@@ -360,8 +413,9 @@ def transform(optimizer, /, *args, keep_params=False, **kwargs):
     no-op (the counter does not move), as refopt's ``apply_gradients([])``. The
     hyperparameters are fixed when the transform is made (they are the class's, checked and
     rounded as the class does): a changing learning rate is a :mod:`refopt.schedules`
-    schedule; ``optax.inject_hyperparams`` is not supported (it passes traced values, and
-    the shortcuts' ``**kwargs`` as a keyword).
+    schedule; ``optax.inject_hyperparams`` is not supported (it passes traced values; on a
+    shortcut it raises a ``TypeError`` saying so, on ``transform`` itself optax calls the
+    class as a schedule and refopt refuses the resulting learning rate).
 
     Examples
     --------
@@ -382,6 +436,15 @@ def transform(optimizer, /, *args, keep_params=False, **kwargs):
                         f"refopt.Optimizer). Received: optimizer={optimizer!r}.{hint}")
     if not isinstance(keep_params, (bool, np.bool_)):
         raise TypeError(f"`keep_params` must be a bool. Received: keep_params={keep_params!r}")
+    if "kwargs" in kwargs:  # optax.inject_hyperparams passes `**kwargs` by its name
+        raise TypeError(
+            f"refopt.optax's {optimizer.__name__} got a keyword argument named 'kwargs': "
+            "optax.inject_hyperparams is not supported (it passes the hyperparameters as "
+            "JAX arrays, traced under jit, at every init/update; refopt's are fixed, checked "
+            "and rounded as the class does when the transform is made). For a changing "
+            "learning rate pass a refopt.schedules schedule, e.g. learning_rate="
+            "refopt.schedules.ExponentialDecay(1e-3, 1000, 0.9); host_state(state)"
+            "['learning_rate'] reads the current value.")
     for key, value in list(kwargs.items()):
         if isinstance(value, jax.core.Tracer):
             raise TypeError(

@@ -38,6 +38,7 @@ def _count(opt, positions, lr_value, is_schedule):
     opt._iterations += 1
     if is_schedule:
         opt._current_learning_rate = lr_value
+    _foreign.stepped(opt, positions)  # torch tensors written in place: bump their versions
     return opt._iterations
 
 

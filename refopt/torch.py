@@ -29,14 +29,29 @@ refopt stores it as the convention does (float32 under the TensorFlow convention
 float under ``"torch"`` and ``"optax"``). Other hyperparameters are fixed when the group is
 added: changing one afterwards (``OneCycleLR`` cycling ``betas`` does) raises ``ValueError``.
 
+What refopt keeps per optimizer is therefore per group: under the TensorFlow conventions each
+group has its own ``iterations`` (a group none of whose parameters has a gradient does not
+count the step), and ``use_ema`` averages each parameter in its group's optimizer.
+``global_clipnorm`` would clip each group by its own norm, not by the model's: it is refused
+where more than one group would carry it (clip first with
+``torch.nn.utils.clip_grad_norm_``, as with torch.optim). Under the Keras conventions
+(``"tf_keras"``, ``"keras3"``) ``weight_decay`` is Keras' decoupled decay
+(``w -= lr * wd * w`` before the step), not torch's L2 term added to the gradient; the other
+conventions give it their framework's meaning (``"torch"``: torch's; see
+:mod:`refopt.conventions`).
+
 Parameters are updated in place with no copy: CPU tensors through ``tensor.numpy()`` views
 (``backend="reference"`` or ``"cpu"``), CUDA tensors through ``__cuda_array_interface__``
-(``backend="cuda"``; **never run on a GPU**). A parameter whose ``.grad`` is ``None`` is
+(``backend="cuda"``; **never run on a GPU**), and each updated parameter's autograd version
+counter is bumped, as torch's in-place updates do (a ``backward()`` through a graph
+recorded before the step raises). :meth:`~RefoptOptimizer.step` is a graph break under
+``torch.compile``. A parameter whose ``.grad`` is ``None`` is
 skipped (under ``"torch"`` its step count does not move; under the TensorFlow conventions the
 group's ``iterations`` counts the step, as ``apply_gradients`` does). A sparse COO gradient
 (``nn.Embedding(sparse=True)``) becomes an :class:`~refopt.IndexedSlices` (indices in their
 order of appearance), for the optimizers that take one (:class:`SparseAdam`, ``Adagrad``,
-``SGD``...; others raise refopt's error).
+``SGD``...; others raise refopt's error); :class:`SparseAdam` refuses a dense gradient with
+torch's ``RuntimeError``.
 
 ``optimizer.state[p]`` holds, per parameter, ``"step"`` (a float32 tensor, as torch's) and
 each refopt slot under refopt's name (``"m"``, ``"v"``, ``"vhat"``, ``"average"``...) as a
@@ -153,6 +168,31 @@ def _plain(value):
     return value
 
 
+def _graph_break(fn):
+    """``fn`` run eagerly under ``torch.compile`` (a graph break): refopt computes on the
+    tensors' memory in NumPy/Numba, which dynamo cannot trace. torch.optim's own mechanism
+    (``torch._disable_dynamo``: ``torch._dynamo`` is imported on the first call, not at
+    import, which would add seconds to ``import refopt.torch``); ``torch.compiler.disable``
+    where a torch lacks it."""
+    lazy = getattr(torch, "_disable_dynamo", None)
+    return lazy(fn) if lazy is not None else torch.compiler.disable(fn)
+
+
+def _check_global_clipnorm(groups):
+    """Refuse ``global_clipnorm`` in more than one group: each group's refopt optimizer would
+    clip by its own group's norm, which is not the global norm the name promises."""
+    carrying = [k for k, g in enumerate(groups) if g.get("global_clipnorm") is not None]
+    if len(carrying) > 1:
+        values = ", ".join(f"param_groups[{k}]['global_clipnorm']="
+                           f"{groups[k]['global_clipnorm']!r}" for k in carrying)
+        raise ValueError(
+            f"`global_clipnorm` is set in {len(carrying)} parameter groups ({values}); each "
+            "group has its own refopt optimizer, so each would clip by its own group's norm, "
+            "not by the norm of all the gradients. Clip all gradients once before step(), as "
+            "with torch.optim: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) "
+            "(or use one parameter group).")
+
+
 class RefoptOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` that computes each step with a refopt optimizer.
 
@@ -191,7 +231,8 @@ class RefoptOptimizer(torch.optim.Optimizer):
     ValueError
         An invalid hyperparameter (refopt's message, naming it and the value), an empty
         parameter list, a parameter in two groups (torch's errors), a non-contiguous
-        parameter.
+        parameter, ``global_clipnorm`` in more than one group (it would clip each group by
+        its own norm: use ``torch.nn.utils.clip_grad_norm_`` before :meth:`step`).
 
     Notes
     -----
@@ -206,6 +247,10 @@ class RefoptOptimizer(torch.optim.Optimizer):
     _rename: ClassVar[dict] = {}
     #: torch keywords whose 0 means "none" (torch skips weight decay 0; refopt wants None).
     _zero_is_none: ClassVar[tuple] = ()
+    #: torch's own checks of a group's hyperparameters: ``check(group, where)`` raises.
+    _group_checks: ClassVar[tuple] = ()
+    #: torch's SparseAdam: a dense gradient is refused (torch's RuntimeError).
+    _sparse_gradients_only: ClassVar[bool] = False
 
     def __init__(self, params, optimizer_class, lr=None, *, convention=None, backend=None,
                  maximize=False, learning_rate=None, **hyperparameters):
@@ -302,7 +347,9 @@ class RefoptOptimizer(torch.optim.Optimizer):
         ------
         TypeError, ValueError
             torch's errors, refopt's for an invalid hyperparameter, or a parameter the
-            backend cannot update in place; the optimizer is then unchanged.
+            backend cannot update in place; ``ValueError`` for ``global_clipnorm`` in a
+            second group, and torch's own rules (``SGD``: ``nesterov`` needs a momentum, no
+            ``dampening``). The optimizer is then unchanged.
         """
         n = len(self.param_groups)
         super().add_param_group(param_group)
@@ -311,6 +358,9 @@ class RefoptOptimizer(torch.optim.Optimizer):
             self._check_params(group, f"param_groups[{n}]")
             ropt = self._make_refopt(group)
             self._fill_group(group, ropt)
+            for check in self._group_checks:
+                check(group, f"param_groups[{n}]")
+            _check_global_clipnorm(self.param_groups)
         except BaseException:
             del self.param_groups[n:]
             raise
@@ -328,6 +378,7 @@ class RefoptOptimizer(torch.optim.Optimizer):
                     "optimizer, or load a state_dict saved with the new values.")
 
     # ---------------------------------------------------------------- the step
+    @_graph_break
     @torch.no_grad()
     def step(self, closure=None):
         """One step of every group's refopt optimizer on the parameters that have a ``.grad``.
@@ -350,6 +401,17 @@ class RefoptOptimizer(torch.optim.Optimizer):
             (its step then changes nothing).
         TypeError
             A gradient the backend cannot take (dtype, device, layout).
+        RuntimeError
+            :class:`SparseAdam` given a dense gradient (torch's error; checked before any
+            step).
+
+        Notes
+        -----
+        Every parameter refopt updated gets its autograd version counter bumped, as after
+        torch's in-place updates: a ``backward()`` through a graph recorded before the step
+        raises torch's "modified by an inplace operation" error. Under
+        :func:`torch.compile` the step is a graph break (``torch.compiler.disable``): it runs
+        eagerly, the code around it is compiled.
         """
         loss = None
         if closure is not None:
@@ -362,6 +424,10 @@ class RefoptOptimizer(torch.optim.Optimizer):
             neg = group["maximize"]
             pairs = [(-p.grad if neg else p.grad, p) for p in group["params"]
                      if p.grad is not None]
+            if self._sparse_gradients_only and any(not g.is_sparse for g, _ in pairs):
+                raise RuntimeError(
+                    f"{type(self).__name__} does not support dense gradients, please consider "
+                    "Adam instead")
             plans.append((k, group, lr, pairs))
         for k, group, lr, pairs in plans:
             if not pairs:
@@ -445,11 +511,71 @@ class RefoptOptimizer(torch.optim.Optimizer):
             It is not a refopt.torch state dict (torch.optim's have no ``"refopt"`` entry),
             the groups or their sizes differ, a hyperparameter is invalid, or refopt's
             :meth:`~refopt.Optimizer.load_state_dict` refuses a group (another class or
-            configuration, a slot of another shape or dtype...). Nothing changes then.
+            configuration, a slot of another shape or dtype...; the message names the group,
+            the hyperparameter, the saved value and this optimizer's). Nothing changes then.
+
+        Notes
+        -----
+        As ``torch.optim.Optimizer.load_state_dict``: the hooks registered with
+        ``register_load_state_dict_pre_hook`` run first, on a shallow copy of
+        ``state_dict`` (one may edit it or return another dict, which is then loaded), and
+        those registered with ``register_load_state_dict_post_hook`` run after it loaded.
+        An error in a pre-hook or in the checks changes nothing.
         """
         if not isinstance(state_dict, dict):
             raise TypeError("`state_dict` must be a dict, as state_dict() returns. Received: "
                             f"{type(state_dict).__name__}")
+        state_dict = state_dict.copy()  # shallow, as torch's: a pre-hook may edit it
+        for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        self._load(state_dict)
+        for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
+            hook(self)
+
+    def _config_mismatch(self, k, ropt, rec):
+        """A clear error when group ``k``'s saved refopt record does not fit ``ropt`` (this
+        optimizer's refopt optimizer, built from the saved group), or None."""
+        saved_cls = rec.get("class")
+        if saved_cls is not None and saved_cls != self._cls.__name__:
+            return ValueError(
+                f"loaded state dict's parameter group {k} was computed by refopt.{saved_cls}; "
+                f"this {type(self).__name__} computes with refopt.{self._cls.__name__}.")
+        config = rec.get("config")
+        if not isinstance(config, dict):
+            return None  # refopt's load_state_dict names what is wrong
+        try:
+            diffs = ropt._config_differences(config)
+        except TypeError:
+            return None
+        if not diffs:
+            return None
+        torch_names = {}
+        for key, targets in self._rename.items():
+            for i, t in enumerate(targets):
+                torch_names[t] = f"{key}[{i}]" if len(targets) > 1 else key
+        lines = []
+        for d in diffs:
+            name, rest = d.split(":", 1)
+            shown = f"{torch_names[name]} ({name})" if name in torch_names else name
+            lines.append(f"{shown}:{rest}")
+        if any(d.startswith("convention:") for d in diffs):
+            fix = (f"Create this optimizer with the saved convention "
+                   f"(convention={config.get('convention')!r}) to load it.")
+        else:
+            fix = ("The other hyperparameters are taken from the saved "
+                   f"param_groups[{k}], which disagrees with the saved 'refopt' entry: was the "
+                   "state dict edited, or saved by another refopt.torch class?")
+        return ValueError(
+            f"loaded state dict's parameter group {k} was saved with another configuration "
+            f"than this {type(self).__name__} has: {'; '.join(lines)}. {fix}")
+
+    def _load(self, state_dict):
+        """:meth:`load_state_dict` after the pre-hooks: check everything, then commit."""
+        if not isinstance(state_dict, dict):
+            raise TypeError("a load_state_dict pre-hook returned a "
+                            f"{type(state_dict).__name__}; it must return a dict or None.")
         for key in ("state", "param_groups", "refopt"):
             if key not in state_dict:
                 hint = (" (torch.optim's state dicts cannot be loaded: refopt's slots and "
@@ -473,6 +599,8 @@ class RefoptOptimizer(torch.optim.Optimizer):
             group["params"] = g["params"]
             if "param_names" in g and "param_names" not in group:
                 group["param_names"] = g["param_names"]
+            for check in self._group_checks:
+                check(group, f"loaded param_groups[{k}]")
             ropt = self._make_refopt(group)
             rec = dict(records[k])
             slots = {}
@@ -491,9 +619,13 @@ class RefoptOptimizer(torch.optim.Optimizer):
                         arrays.append(np.asarray(value))
                     slots[name] = arrays
             rec["slots"] = slots
+            error = self._config_mismatch(k, ropt, rec)
+            if error is not None:
+                raise error
             ropt.load_state_dict(rec, var_list=g["params"] if rec.get("built") else None)
             new_groups.append(group)
             new_ropts.append(ropt)
+        _check_global_clipnorm(new_groups)
         # every group loaded into its new refopt optimizer: commit
         self.param_groups = new_groups
         self._ropts = new_ropts
@@ -558,6 +690,23 @@ _REFUSED_SWITCHES = {"capturable": False, "differentiable": False,
                      "decoupled_weight_decay": False}
 
 
+def _check_sgd_group(group, where):
+    """torch's SGD rules that refopt's SGD does not have: no dampening; Nesterov needs a
+    momentum (torch checks its constructor's values; here every group's)."""
+    dampening = _plain(group.get("dampening"))
+    if dampening not in (None, 0, 0.0):
+        raise ValueError("refopt's SGD has no dampening (torch's `dampening` must be 0). "
+                         f"Received: {where}['dampening']={dampening!r}")
+    momentum = _plain(group.get("momentum"))
+    if group.get("nesterov") and not (momentum or 0) > 0:
+        raise ValueError("Nesterov momentum requires a momentum and zero dampening (torch's "
+                         f"rule). Received: {where} with nesterov=True, momentum={momentum!r}")
+
+
+#: torch.optim name -> its checks of a group's hyperparameters
+_GROUP_CHECKS = {"SGD": (_check_sgd_group,)}
+
+
 def _torch_named(torch_name):
     refopt_name, default_lr, positional, rename, zero_is_none = TORCH_NAMES[torch_name]
 
@@ -615,7 +764,9 @@ def _torch_named(torch_name):
     """
     cls = type(torch_name, (RefoptOptimizer,), {
         "__init__": __init__, "__doc__": doc, "__module__": __name__,
-        "_rename": rename, "_zero_is_none": zero_is_none})
+        "_rename": rename, "_zero_is_none": zero_is_none,
+        "_group_checks": _GROUP_CHECKS.get(torch_name, ()),
+        "_sparse_gradients_only": torch_name == "SparseAdam"})
     cls.__qualname__ = torch_name
     return cls
 

@@ -433,5 +433,89 @@ OPTIMIZERS += (
 )
 
 
+# TF1's proximal optimizers: default convention "tf1", a required learning rate (so the common
+# errors get one), no EMA (the use_ema error configs are TF1's refusal instead)
+PROXIMAL_COMMON_ERRORS = tuple(
+    ({"learning_rate": 0.1, **kw}, exc, rx) for kw, exc, rx in COMMON_ERRORS
+    if not kw.get("use_ema"))
+PROXIMAL_ERRORS = (
+    ({"learning_rate": None}, TypeError, r"ProximalAdagrad.*needs a `learning_rate`"),
+    ({"learning_rate": 0.1, "l1_regularization_strength": -0.01}, ValueError,
+     r"l1_regularization_strength.*>= 0.*Received: l1_regularization_strength=-0\.01"),
+    ({"learning_rate": 0.1, "l2_regularization_strength": float("inf")}, ValueError,
+     r"l2_regularization_strength.*finite"),
+    ({"learning_rate": 0.1, "l1_regularization_strength": "0.1"}, TypeError,
+     r"l1_regularization_strength.*real number"),
+    ({"learning_rate": 0.1, "initial_accumulator_value": 0.0}, ValueError,
+     r"initial_accumulator_value.*> 0.*Received: initial_accumulator_value=0\.0"),
+    ({"learning_rate": 0.1, "convention": "tf_keras"}, ValueError,
+     r"ProximalAdagrad does not exist under convention='tf_keras'.*proximal_adagrad_form"),
+    ({"learning_rate": 0.1, "convention": "torch"}, ValueError,
+     r"ProximalAdagrad does not exist under convention='torch'"),
+    ({"learning_rate": 0.1, "weight_decay": 0.01}, ValueError,
+     r"convention='tf1' has no weight decay for ProximalAdagrad"),
+    ({"learning_rate": 0.1, "use_ema": True}, ValueError,
+     r"convention='tf1' has no moving average"),
+)
+PROXIMAL_SGD_ERRORS = tuple(
+    (kw, exc, rx.replace("ProximalAdagrad", "ProximalGradientDescent")
+     .replace("proximal_adagrad_form", "proximal_sgd_form"))
+    for kw, exc, rx in PROXIMAL_ERRORS if "initial_accumulator_value" not in kw)
+
+OPTIMIZERS += (
+    OptimizerInfo(
+        refopt.ProximalAdagrad,
+        (
+            {"learning_rate": 0.1},
+            {"learning_rate": 0.1, "initial_accumulator_value": 0.5,
+             "l1_regularization_strength": 0.01, "l2_regularization_strength": 0.1},
+            {"learning_rate": 0.1, "clipnorm": 1.0, "l1_regularization_strength": 0.01},
+            {"learning_rate": 0.1, "global_clipnorm": 0.5, "l2_regularization_strength": 0.1},
+        ),
+        PROXIMAL_COMMON_ERRORS + PROXIMAL_ERRORS,
+        ("accumulator",),
+    ),
+    OptimizerInfo(
+        refopt.ProximalGradientDescent,
+        (
+            {"learning_rate": 0.1},
+            {"learning_rate": 0.1, "l1_regularization_strength": 0.01,
+             "l2_regularization_strength": 0.1},
+            {"learning_rate": 0.1, "clipvalue": 0.5, "l1_regularization_strength": 0.01},
+        ),
+        PROXIMAL_COMMON_ERRORS + PROXIMAL_SGD_ERRORS,
+        (),
+    ),
+)
+
+# FBGEMM's row-wise Adagrad: default convention "fbgemm", one accumulator per row
+ROWWISE_ADAGRAD_ERRORS = (
+    ({"epsilon": -1e-8}, ValueError, r"epsilon.*>= 0"),
+    ({"weight_decay_mode": "adamw"}, ValueError,
+     r"weight_decay_mode.*Received: weight_decay_mode='adamw'"),
+    ({"weight_decay": 0.1}, ValueError, (r"weight_decay.*needs weight_decay_mode='l2' or "
+                                         r"'decoupled'.*Received: weight_decay=0\.1, "
+                                         r"weight_decay_mode='none'")),
+    ({"exact": 1}, TypeError, r"exact.*bool.*Received: exact=1"),
+    ({"convention": "torch"}, ValueError,
+     r"RowWiseAdagrad does not exist under convention='torch'.*rowwise_adagrad_form"),
+)
+OPTIMIZERS += (
+    OptimizerInfo(
+        refopt.RowWiseAdagrad,
+        (
+            {},
+            {"learning_rate": 0.1, "epsilon": 1e-3, "weight_decay": 0.1,
+             "weight_decay_mode": "l2"},
+            {"learning_rate": 0.1, "weight_decay": 0.01, "weight_decay_mode": "decoupled",
+             "clipnorm": 1.0},
+            {"learning_rate": 0.1, "exact": False, "global_clipnorm": 0.5},
+        ),
+        COMMON_ERRORS + ROWWISE_ADAGRAD_ERRORS,
+        ("accumulator",),
+    ),
+)
+
+
 def optimizer_id(info):
     return info.cls.__name__

@@ -271,12 +271,9 @@ def test_readme_torch_adam_wrapper_reports_the_known_differences():
     report = str(info.value)
     assert "candidate TorchAdam does not conform to refopt Adam" in report
     assert info.value.mismatches
-    # The resync works through the live views: with epsilon 0 (where both formulas agree up to
-    # rounding) and a loose tolerance, the same wrapper passes. beta_1 is fixed: with beta_1 = 0
-    # tf-keras' m + (g - m)(1 - beta_1) cancels (m = 1, g = 2**-126 gives 0) where torch's
-    # beta_1 m + (1 - beta_1) g gives g, a real difference that no ulp tolerance covers.
-    assert_conforms(TorchAdam, config={"epsilon": 0.0, "beta_1": 0.9, "beta_2": 0.999},
-                    tolerance_ulp=10**6, max_examples=20)
+    # (No loose-tolerance pass is asserted here: tf-keras' epsilon and torch's differ by a factor
+    # sqrt(1 - beta_2**t) wherever g*g underflows, so Hypothesis finds inputs that no tolerance
+    # covers. The live-slot resync is tested by test_stateful_candidate_needs_live_slots_or_set_slot.)
 
 
 def test_argument_slips_are_refused_clearly():

@@ -300,3 +300,44 @@ def test_loaded_optimizer_reports_the_learning_rate_of_the_last_saved_step(tmp_p
     fresh = refopt.SGD.from_config(opt.get_config())
     refopt.load_checkpoint(path, fresh, [w.copy()])
     assert fresh.learning_rate == 0.25 and fresh.iterations == 3
+
+
+def _without(key):
+    def change(meta):
+        del meta[key]
+    return change
+
+
+@pytest.mark.parametrize("change, key", [
+    (_without("config"), "config"), (lambda m: m.update(config=None), "config"),
+    (_without("shapes"), "shapes"), (lambda m: m.update(shapes=[[-3, 2], [4]]), "shapes"),
+    (lambda m: m.update(shapes=[[2.5, 3], [4]]), "shapes"),
+    (_without("built"), "built"), (_without("has_variables"), "has_variables"),
+    (lambda m: m.update(has_variables="yes"), "has_variables"),
+    (lambda m: m.update(dtypes=["foo", "float32"]), "dtypes"),
+    (lambda m: m.update(dtypes=["int32", "float32"]), "dtypes"),
+    (lambda m: m.update(dtypes=["float32"]), "dtypes"),
+    (_without("slots"), "slots"), (lambda m: m.update(variable_steps="x"), "variable_steps"),
+    (lambda m: m.update(excluded_from_weight_decay=[5]), "excluded_from_weight_decay"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_damaged_metadata_with_a_valid_hash_is_a_checkpoint_error(saved, tmp_path, change, key):
+    path, original = saved
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files if k not in ("meta", "sha256")}
+        meta = json.loads(str(z["meta"]))
+    change(meta)
+    checkpoint._write_file(tmp_path / "d.npz", meta, arrays)
+    with pytest.raises(CheckpointError, match=f"d.npz has damaged metadata: '{key}' must be"):
+        load_checkpoint(tmp_path / "d.npz")
+    opt, w = fresh(original)
+    with pytest.raises(CheckpointError, match="damaged metadata"):
+        load_checkpoint(tmp_path / "d.npz", opt, w)
+    assert_untouched(opt, w)
+
+
+@pytest.mark.parametrize("content", [b"hello", b"", b"\x93NUMPY", b"{\"meta\": 1}"])
+def test_a_small_file_that_is_not_an_npz_says_so_without_numpys_pickle_advice(tmp_path, content):
+    (tmp_path / "x.npz").write_bytes(content)
+    with pytest.raises(CheckpointError, match="not a refopt checkpoint") as info:
+        load_checkpoint(tmp_path / "x.npz")
+    assert "pickle" not in str(info.value) and "x.npz" in str(info.value)

@@ -65,6 +65,7 @@ CUDA_CASES = ["tf_keras/adam_f32", "tf_keras/sgd_momentum_f32", "tf_keras/amsgra
               "tf_keras/lion_sparse_f32", "torch/radam_f32", "torch/asgd_t0_f32",
               "torch/rprop_nonfinite_f32", "keras2/ftrl_reg_sparse_f32", "keras3/lamb_f32",
               "torch/adafactor_f32"]
+CUDA_CASES += ["tf1/proximal_adagrad_sparse_f64", "tf1/proximal_sgd_sparse_f32"]
 
 
 @pytest.mark.parametrize("case", CUDA_CASES)

@@ -4,57 +4,84 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import refopt
+from refopt.demo import (
+    load_corpus,
+    make_optimizer,
+    micro_batch_bounds,
+    skipgram_batch,
+    tokenize,
+    train_skipgram,
+    train_skipgram_sharded,
+)
 from refopt.distributed import SelfComm, ShardedEmbedding, ShardedOptimizer
 from refopt.distributed.norms import combine_parts, local_parts
-from refopt.distributed.zero import ALIGN
+from refopt.distributed.zero import ALIGN, tensor_owners
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"  # the mpich wheel's, in the venv
 TIMEOUT = 120  # seconds per mpiexec run: a hang fails the test instead of stalling CI
 
 
-def mpirun(n, script, *args):
+def mpiexec(n, argv, timeout=TIMEOUT):
     pytest.importorskip("mpi4py")
     if not MPIEXEC.exists():
         pytest.skip(f"no mpiexec next to {sys.executable} (pip install 'refopt[mpi]')")
-    # -launcher fork: local processes only, no ssh; -m mpi4py: an exception on one rank
-    # aborts all of them (non-zero exit) instead of leaving the others waiting
-    cmd = [str(MPIEXEC), "-launcher", "fork", "-n", str(n), sys.executable, "-m", "mpi4py",
-           str(SCRIPTS / script), *map(str, args)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=TIMEOUT,
+    # -launcher fork: local processes only, no ssh
+    cmd = [str(MPIEXEC), "-launcher", "fork", "-n", str(n), *map(str, argv)]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONHASHSEED": "0"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def mpirun(n, script, *args, returncode=0):
+    # -m mpi4py: an exception on one rank aborts all of them (non-zero exit) instead of
+    # leaving the others waiting
+    proc = mpiexec(n, [sys.executable, "-m", "mpi4py", SCRIPTS / script, *args])
+    if returncode == 0:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    else:
+        assert proc.returncode != 0, proc.stdout[-3000:]
+    # the last JSON line (mpiexec reports a killed rank on stdout after it)
+    return json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_zero_exact_matches_one_process_bit_for_bit(ranks):
     out = mpirun(ranks, "zero_trajectories.py")
-    assert out["ranks"] == ranks and len(out["cases"]) == 13
+    assert out["ranks"] == ranks and len(out["cases"]) == 21
     n_elements = 91 + 300 + 5 + 1 + 24 + 700
+    layouts = [c["layout"] for c in out["cases"]]
+    assert layouts == ["slice"] * 13 + ["tensor"] * 8  # torch's norms, Lamb, Adafactor
     for case in out["cases"]:
         single, per_rank = case["single_bytes"], case["state_bytes"]
         assert sum(per_rank) == single, case
-        # each rank owns 1/R of the elements, give or take an aligned boundary per dtype
-        slack = 2 * (ALIGN + 1) * single / n_elements
-        assert max(per_rank) <= single / ranks + slack, case
+        if case["layout"] == "slice":
+            # each rank owns 1/R of the elements, give or take an aligned boundary per dtype
+            slack = 2 * (ALIGN + 1) * single / n_elements
+            assert max(per_rank) <= single / ranks + slack, case
+        elif ranks > 1:  # whole tensors: the largest (700 elements) alone on one rank
+            assert max(per_rank) < single and sorted(per_rank)[-2] > 0, case
 
 
 def test_zero_exact_on_the_cpu_backend():
-    out = mpirun(3, "zero_trajectories.py", "--backend", "cpu", "--cases", "Adam,AdamW")
-    assert [c["case"] for c in out["cases"]] == ["Adam/tf_keras", "AdamW/torch"]
+    out = mpirun(3, "zero_trajectories.py", "--backend", "cpu", "--cases",
+                 "Adam,AdamW,Lamb,Adafactor")
+    assert [c["case"] for c in out["cases"]] == [
+        "Adam/tf_keras", "AdamW/torch", "AdamW/torch", "Lamb/keras3", "Lamb/optax",
+        "Adafactor/tf_keras", "Adafactor/keras3", "Adafactor/torch", "Adafactor/optax"]
 
 
 @pytest.mark.parametrize("ranks", [4])
 def test_zero_fast_mode_sums_per_rank_then_in_rank_order(ranks):
-    out = mpirun(ranks, "zero_trajectories.py", "--mode", "fast", "--cases", "Adam,RMSprop")
-    assert len(out["cases"]) == 2
+    out = mpirun(ranks, "zero_trajectories.py", "--mode", "fast", "--cases",
+                 "Adam,RMSprop,Lamb")
+    assert len(out["cases"]) == 4
 
 
 @pytest.mark.parametrize("ranks", [3, 4])
@@ -65,10 +92,15 @@ def test_row_sharded_embedding_matches_one_process(ranks):
         assert max(case["local_rows"]) == -(-53 // ranks)
 
 
-def test_faults_and_checkpoints_resharded_or_refused(tmp_path):
-    # one run: a refused step (bad input on rank 2), then a checkpoint at step 2
+def test_faults_killed_rank_and_checkpoints_resharded_or_refused(tmp_path):
+    # one run: a refused step (bad input on rank 2), a checkpoint at step 2, then rank 1
+    # killed (SIGKILL) inside the third step while the others wait in the exchange
     good = tmp_path / "step2"
-    out = mpirun(3, "zero_faults_checkpoints.py", "--faults", "--save", good)
+    start = time.monotonic()
+    out = mpirun(3, "zero_faults_checkpoints.py", "--faults", "--save", good, "--kill-rank",
+                 1, returncode="non-zero")
+    # mpiexec notices the dead rank and ends the others: well within the run's timeout
+    assert time.monotonic() - start < TIMEOUT / 2
     assert out["message"].startswith("rank 2: ValueError: micro_grads[3][2] must have")
     assert "shape=(6,)" in out["message"]
     assert sorted(p.name for p in good.iterdir()) == [
@@ -86,7 +118,8 @@ def test_faults_and_checkpoints_resharded_or_refused(tmp_path):
     no_manifest = tmp_path / "no_manifest"
     shutil.copytree(good, no_manifest)
     (no_manifest / "manifest.json").unlink()
-    # resumed on 4 ranks: the four steps of one process; each damaged copy refused
+    # the last complete checkpoint, resumed on 4 ranks: the four steps of one process;
+    # each damaged copy refused
     out = mpirun(4, "zero_faults_checkpoints.py", "--resume", good, "--expect-load-error",
                  truncated, missing, no_manifest)
     assert out["resumed"]
@@ -96,7 +129,69 @@ def test_faults_and_checkpoints_resharded_or_refused(tmp_path):
     assert none.startswith("FileNotFoundError") and "No manifest.json" in none
 
 
+# The demo on a small corpus: 200-pair batches cut into 4 micro-batches (uneven ones at the
+# end of an epoch), the default LazyAdam on the default cpu backend.
+DEMO = ["--max-tokens", "2500", "--epochs", "2", "--dim", "8", "--batch-size", "200",
+        "--min-count", "3", "--seed", "1", "--quiet", "--no-compare", "--words", "the"]
+
+
+def _losses(stdout):
+    return [line.split()[3] for line in stdout.splitlines() if line.startswith("epoch ")]
+
+
+def test_demo_distributed_prints_and_writes_the_single_process_bits(tmp_path, capsys):
+    from refopt.cli import main
+
+    assert main(["demo", *DEMO, "--out", str(tmp_path / "one")]) == 0
+    single = capsys.readouterr().out
+    script = Path(sys.executable).parent / "refopt"  # what `mpiexec -n 2 refopt demo` runs
+    command = [script] if script.exists() else [sys.executable, "-m", "refopt"]
+    proc = mpiexec(2, [*command, "demo", "--distributed", "--micro-batches", "4", *DEMO,
+                       "--out", tmp_path / "two"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "distributed 2 rank(s) (mpi), 4 micro-batches per batch" in proc.stdout
+    assert proc.stdout.count("refopt demo:") == 1  # rank 0 reports
+    assert len(_losses(single)) == 2 and _losses(proc.stdout) == _losses(single)
+    loss_line = [x for x in single.splitlines() if x.startswith("loss ")]
+    assert loss_line == [x for x in proc.stdout.splitlines() if x.startswith("loss ")]
+    with np.load(tmp_path / "one" / "embeddings.npz") as a, \
+            np.load(tmp_path / "two" / "embeddings.npz") as b:
+        assert a.files == b.files
+        for key in a.files:
+            assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), key
+
+
 # --------------------------------------------------------------------- in one process
+def test_demo_as_micro_batches_is_the_demo_bit_for_bit():
+    tokens = tokenize(load_corpus()[0])[:2000]
+    kwargs = {"epochs": 2, "dim": 8, "batch_size": 100, "min_count": 3, "seed": 2}
+    single = train_skipgram(tokens, optimizer=make_optimizer(None, "reference"), **kwargs)
+    # 7 micro-batches of a 100-pair batch: 14 or 15 pairs each, the last batch smaller
+    sharded = train_skipgram_sharded(tokens, micro_batches=7, comm=SelfComm(),
+                                     optimizer=make_optimizer(None, "reference"), **kwargs)
+    assert [x.hex() for x in sharded.losses] == [x.hex() for x in single.losses]
+    assert sharded.embeddings.tobytes() == single.embeddings.tobytes()
+    assert sharded.context_embeddings.tobytes() == single.context_embeddings.tobytes()
+    assert sharded.iterations == single.iterations > 0
+
+
+def test_micro_batch_gradients_are_rows_of_the_batch_gradient():
+    rng = np.random.default_rng(0)
+    center, context = rng.standard_normal((2, 30, 6)).astype(np.float32)
+    centers, targets = rng.integers(0, 30, 37), rng.integers(0, 30, (37, 4))
+    loss, g_in, g_out = skipgram_batch(center, context, centers, targets)
+    cut = micro_batch_bounds(37, 5)
+    assert cut == [0, 7, 14, 22, 29, 37]
+    from refopt.demo import _sgns_rows
+
+    parts = [_sgns_rows(center[centers[a:b]], context[targets[a:b]], 37)
+             for a, b in itertools.pairwise(cut)]
+    assert np.concatenate([p[1] for p in parts]).tobytes() == g_in.values.tobytes()
+    assert np.concatenate([p[2] for p in parts]).tobytes() == g_out.values.tobytes()
+    terms = np.concatenate([p[0] for p in parts])
+    assert float(terms.sum(dtype=np.float64) / 37) == loss
+
+
 def _vars():
     return [np.ones((3, 4), np.float32), np.ones(5, np.float32)]
 
@@ -128,14 +223,40 @@ def test_self_comm_runs_the_single_process_step():
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("opt, error, match", [
-    (lambda: refopt.Lamb(learning_rate=0.1), TypeError, "Lamb is not sharded"),
-    (lambda: refopt.Adam(clipnorm=1.0, convention="torch"), NotImplementedError,
-     "PyTorch's formula"),
+class _MyAdam(refopt.Adam):
+    pass
+
+
+@pytest.mark.parametrize("opt, variables, error, match", [
+    (lambda: _MyAdam(), _vars, TypeError, "_MyAdam is not sharded"),
+    (lambda: refopt.Adam(clipnorm=1.0), lambda: [np.ones(3, np.float16)],
+     NotImplementedError, "float16"),
 ])
-def test_refused_optimizers(opt, error, match):
+def test_refused_optimizers(opt, variables, error, match):
     with pytest.raises(error, match=match):
-        ShardedOptimizer(opt(), _vars(), micro_batches=1, comm=SelfComm())
+        ShardedOptimizer(opt(), variables(), micro_batches=1, comm=SelfComm())
+
+
+def test_tensor_owners_balance_greedily_and_deterministically():
+    # largest first to the least loaded rank, ties to the lower position and rank
+    # 100 -> r0; 60 -> r1; 40 (pos 0) -> r1 (100 each); 40 (pos 2) -> r0 (tie); 30, 30 -> r1
+    assert tensor_owners([40, 100, 40, 30, 30, 60], 2) == [1, 0, 0, 1, 1, 1]
+    assert tensor_owners([8, 8, 8], 4) == [0, 1, 2]
+    assert tensor_owners([5, 7], 1) == [0, 0]
+
+
+def test_lamb_and_adafactor_shard_whole_tensors_with_their_slot_shapes():
+    v = [np.ones((4, 6), np.float32), np.ones(3, np.float32)]
+    dist = ShardedOptimizer(refopt.Adafactor(convention="keras3", backend="reference"), v,
+                            micro_batches=1, comm=SelfComm())
+    assert dist.layout == "tensor"
+    dist.apply_gradients([[np.full((4, 6), 0.5, np.float32), np.full(3, 0.5, np.float32)]])
+    rows = dist.gather_slot("velocity_row")
+    assert rows[0].shape == (4,) and rows[1].shape == ()  # a 0-d placeholder for 1-d
+    assert ShardedOptimizer(refopt.Adam(clipnorm=1.0, convention="torch"), _vars(),
+                            micro_batches=1, comm=SelfComm()).layout == "tensor"
+    assert ShardedOptimizer(refopt.Adam(), _vars(), micro_batches=1,
+                            comm=SelfComm()).layout == "slice"
 
 
 def test_bad_arguments_name_the_argument():

@@ -14,6 +14,7 @@ MODULES = [
     "refopt.demo",
 ]
 MODULES += ["refopt.optimizers.lamb", "refopt.optimizers.adafactor"]
+MODULES += ["refopt.optimizers.proximal", "refopt.reference.proximal"]
 
 
 @pytest.mark.parametrize("name", MODULES)

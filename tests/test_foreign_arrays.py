@@ -199,3 +199,60 @@ def test_refopt_imports_and_steps_without_torch():
     w = np.ones(2, np.float32)  # the same step here, where torch is imported
     refopt.Adam(learning_rate=0.1).apply_gradients([(np.ones(2, np.float32), w)])
     assert out.stdout.strip() == str(w.tolist())
+
+
+def stale_backward_error(step):
+    """Record a graph on w, let ``step(w)`` update w, then backward through the old graph:
+    the error torch raises (None if it computed gradients)."""
+    w = torch.nn.Parameter(torch.tensor(START))
+    loss = (w * w).sum()
+    loss.backward(retain_graph=True)
+    step(w)
+    try:
+        loss.backward()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_step_bumps_the_version_so_a_stale_backward_raises_as_after_torch_optim():
+    expected = stale_backward_error(lambda w: torch.optim.Adam([w], lr=0.1).step())
+    assert expected is not None and "inplace operation" in expected
+    got = stale_backward_error(
+        lambda w: refopt.Adam(learning_rate=0.1).apply_gradients([(w.grad, w)]))
+    assert got is not None and "inplace operation" in got
+    got = stale_backward_error(
+        lambda w: refopt.Adam(learning_rate=0.1).minimize(lambda: (0.0, [w.grad]), [w]))
+    assert got is not None and "inplace operation" in got
+
+
+def test_a_refused_step_does_not_bump_the_version():
+    w = torch.nn.Parameter(torch.tensor(START))
+    opt = refopt.Adam(learning_rate=0.1)
+    opt.apply_gradients([(torch.ones(3), w)])
+    version = w._version
+    with pytest.raises(ValueError):
+        opt.apply_gradients([(torch.ones(2), w)])  # wrong shape: nothing changes
+    assert w._version == version
+    skipped = torch.nn.Parameter(torch.tensor(START))
+    both = refopt.Adam(learning_rate=0.1)
+    with pytest.warns(UserWarning, match="Gradients do not exist"):
+        both.apply_gradients([(torch.ones(3), w), (None, skipped)])
+    assert w._version > version and skipped._version == 0  # not written, not bumped
+
+
+def test_ema_writes_bump_the_version():
+    w = torch.nn.Parameter(torch.tensor(START))
+    idle = torch.nn.Parameter(torch.tensor(START))  # no gradient: keras3's EMA still averages it
+    opt = refopt.Adam(learning_rate=0.1, use_ema=True, ema_overwrite_frequency=2,
+                      convention="keras3")
+    opt.build([w, idle])
+    with pytest.warns(UserWarning):
+        opt.apply_gradients([(torch.ones(3), w), (None, idle)])
+    assert idle._version == 0
+    with pytest.warns(UserWarning):
+        opt.apply_gradients([(torch.ones(3), w), (None, idle)])  # step 2: the overwrite
+    assert idle._version > 0
+    before = w._version
+    opt.finalize_variable_values([w])
+    assert w._version > before

@@ -350,10 +350,73 @@ def test_construction_checks_the_class_and_its_arguments():
     with pytest.raises(ValueError, match=r"learning_rate.*>= 0"):
         F.adam(learning_rate=-1.0)
     names = {info.cls.__name__.lower() for info in OPTIMIZERS}
-    assert len(names) == 16 and names <= set(F.__all__)
+    assert len(names) >= 16 and names <= set(F.__all__)
     assert refopt.functional is F and "functional" in refopt.__all__
 
 
 def test_module_docstring_examples():
     result = doctest.testmod(F, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_functional_objects_pickle_and_deepcopy_and_give_the_same_numbers():
+    import copy
+    import pickle
+
+    params = {"w": np.ones(3, np.float32), "b": np.zeros(2, np.float64)}
+    grads = {"w": np.full(3, 0.5, np.float32), "b": np.ones(2)}
+    fo = F.adam(learning_rate=schedules.ExponentialDecay(0.1, 2, 0.5), backend="reference")
+    p1, s1 = fo.step(grads, fo.init(params), params)  # the cache is filled
+    for clone in (pickle.loads(pickle.dumps(fo)), copy.deepcopy(fo)):
+        assert clone.config == fo.config and clone._cache is None
+        a, sa = clone.step(grads, s1, p1)
+        b, sb = F.adam(learning_rate=schedules.ExponentialDecay(0.1, 2, 0.5),
+                       backend="reference").step(grads, s1, p1)
+        assert tree_bits(a) == tree_bits(b) and tree_bits(sa) == tree_bits(sb)
+    assert fo._cache is not None  # the original keeps its optimizer
+
+
+def test_errors_and_warnings_name_tree_paths_not_sorted_positions():
+    fo = F.adam(learning_rate=0.1, backend="reference")
+    params = {"w": np.ones(3, np.float32), "b": np.zeros(2, np.float32)}  # sorted: b, w
+    state = fo.init(params)
+    with pytest.raises(ValueError, match=r"Gradient `grads\['w'\]` has shape=\(4,\)"):
+        fo.step({"w": np.ones(4, np.float32), "b": np.ones(2, np.float32)}, state, params)
+    with pytest.raises(TypeError, match=r"Gradient `grads\['b'\]` has dtype=float64"):
+        fo.step({"w": np.ones(3, np.float32), "b": np.ones(2)}, state, params)
+    with pytest.warns(UserWarning, match=r"variables `params\['b'\]`; they are skipped") as rec:
+        fo.step({"w": np.ones(3, np.float32), "b": None}, state, params)
+    assert rec[0].filename == __file__  # the caller's line, not refopt's
+    with pytest.raises(ValueError, match=r"`state\['iterations'\]` must be an integer in"):
+        fo.step({"w": np.ones(3, np.float32), "b": np.ones(2, np.float32)},
+                dict(state, iterations=np.int64(-5)), params)
+    with pytest.raises(ValueError, match=r"`state\['learning_rate'\]` must be a finite"):
+        fo.step({"w": np.ones(3, np.float32), "b": np.ones(2, np.float32)},
+                dict(state, learning_rate=np.float64(np.nan)), params)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (1, 1.0), (np.int32(2), 2.0), (np.array(3, np.int64), 3.0), (0.25, 0.25),
+    (np.float32(0.5), 0.5), (np.array(0.125, np.float16), 0.125),
+])
+def test_a_0d_or_integer_learning_rate_in_the_state_is_accepted_when_exact(value, expected):
+    fo = F.sgd(learning_rate=0.1, convention="torch", backend="reference")
+    params = [np.ones(2)]
+    _, state = fo.step([np.ones(2)], dict(fo.init(params), learning_rate=value), params)
+    assert float(state["learning_rate"]) == expected
+
+
+@pytest.mark.parametrize("value, match", [
+    (np.array([0.1]), "0-d float array"), (True, "0-d float array"), ("0.1", "0-d float array"),
+    (2**53 + 1, "convert to a float exactly"),
+])
+def test_a_learning_rate_in_the_state_that_is_not_a_0d_real_is_refused(value, match):
+    fo = F.sgd(learning_rate=0.1, backend="reference")
+    params = [np.ones(2)]
+    with pytest.raises(ValueError, match=rf"`state\['learning_rate'\]` must .*{match}"):
+        fo.step([np.ones(2)], dict(fo.init(params), learning_rate=value), params)
+
+
+def test_unflatten_state_of_a_non_mapping_is_a_type_error():
+    with pytest.raises(TypeError, match=r"`flat` must be a mapping.*Received: list"):
+        F.unflatten_state([1, 2], {"w": np.ones(1, np.float32)})

@@ -264,3 +264,33 @@ def test_golden_reports_a_schedule_that_fails_mid_trajectory_without_a_traceback
 def test_golden_refuses_a_directory_as_out(tmp_path, capsys):
     assert main(["golden", "--out", str(tmp_path) + "/"]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("out, fmt, written", [
+    ("x.npz", "npz", ["x.npz"]), ("x.json", "json", ["x.json"]),
+    ("x.npz", "both", ["x.json", "x.npz"]), ("x.json", "npz", ["x.json.npz"]),
+    ("x", "npz", ["x.npz"]),
+])
+def test_golden_out_with_the_formats_suffix_names_the_file_itself(tmp_path, capsys, out, fmt,
+                                                                    written):
+    assert main(["golden", "--out", str(tmp_path / "gold" / out), "--format", fmt]) == 0
+    assert sorted(p.name for p in (tmp_path / "gold").iterdir()) == written
+
+
+@pytest.mark.parametrize("out", ["", "  "])
+def test_golden_empty_out_is_a_usage_error(tmp_path, capsys, monkeypatch, out):
+    monkeypatch.chdir(tmp_path)
+    assert main(["golden", "--out", out]) == 2
+    assert "argument --out: expected a file prefix" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_convention_help_gives_each_optimizers_default_from_its_constructor(capsys):
+    from refopt.testing.trajectory import default_convention
+
+    assert main(["golden", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert default_convention("Lamb") == "keras3"  # Keras 3 and optax have Lamb, tf_keras not
+    assert "keras3 for Lamb" in out and "torch for RAdam, ASGD, Rprop" in out
+    assert main(["check", "--help"]) == 0
+    assert "keras3 for Lamb" in " ".join(capsys.readouterr().out.split())

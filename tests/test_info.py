@@ -63,7 +63,35 @@ def test_info_kernel_cache_follows_refopt_kernel_cache(tmp_path, monkeypatch, ca
     monkeypatch.setenv("REFOPT_KERNEL_CACHE", str(tmp_path / "kc"))
     info = _info_json(capsys)
     assert info["kernel_cache"] == {"path": str(tmp_path / "kc"), "source": "REFOPT_KERNEL_CACHE",
-                                    "env": str(tmp_path / "kc")}
+                                    "env": str(tmp_path / "kc"), "files": 0, "bytes": 0,
+                                    "env_unusable": False}
+
+
+def test_info_kernel_cache_size_and_how_to_clean_it(tmp_path, monkeypatch, capsys):
+    kc = tmp_path / "kc"
+    (kc / "sub").mkdir(parents=True)
+    (kc / "a.py").write_bytes(b"x" * 1_500_000)
+    (kc / "sub" / "b.nbc").write_bytes(b"y" * 1_000_000)
+    monkeypatch.setenv("REFOPT_KERNEL_CACHE", str(kc))
+    info = _info_json(capsys)
+    assert info["kernel_cache"]["files"] == 2 and info["kernel_cache"]["bytes"] == 2_500_000
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "2 files, 2.5 MB; safe to delete to clean it" in out
+    assert "not usable" not in out
+
+
+def test_info_says_when_refopt_kernel_cache_is_set_but_unusable(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("")
+    bad = tmp_path / "file" / "kc"  # under a file: cannot be created
+    monkeypatch.setenv("REFOPT_KERNEL_CACHE", str(bad))
+    info = _info_json(capsys)
+    assert info["kernel_cache"]["env_unusable"] is True
+    assert info["kernel_cache"]["path"] != str(bad)
+    assert main(["info"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"REFOPT_KERNEL_CACHE={bad} is set but not usable" in out
+    assert f"using {info['kernel_cache']['path']} instead" in out
 
 
 def test_info_reports_a_bad_refopt_backend_instead_of_failing(monkeypatch, capsys):

@@ -230,9 +230,9 @@ REFERENCE_PAIRS = {
 
 BAD_VALUES = {
     "learning_rate": [-0.1, float("nan"), float("inf"), "0.1", True, np.array(0.1)],
-    "beta_1": [1.0, -0.5, float("nan"), "0.9", True],
+    "beta_1": [1.0, -0.5, float("nan"), "0.9", True, np.array(0.9)],
     "beta_2": [1.5, -0.5, float("inf"), "0.9"],
-    "epsilon": [-1e-7, float("inf"), "1e-7", False],
+    "epsilon": [-1e-7, float("inf"), "1e-7", False, np.array(1e-7)],
 }
 
 
@@ -267,6 +267,34 @@ def test_reference_function_and_class_refuse_alike(name, hp, value):
     assert cls_type is not None, "the class accepts it"
     assert ref_type is cls_type, ref_msg
     assert f"`{hp}`" in ref_msg and "Received" in ref_msg
+
+
+def _stores_the_rate_in_float32(name):
+    from refopt.conventions import get_convention
+
+    _, class_kwargs = REFERENCE_PAIRS[name]
+    return get_convention(class_kwargs.get("convention", "tf_keras")).learning_rate_cast == "float32"
+
+
+@pytest.mark.parametrize("name", [n for n in REFERENCE_PAIRS if _stores_the_rate_in_float32(n)])
+def test_a_rate_not_finite_in_float32_is_refused_alike(name):
+    fn, class_kwargs = REFERENCE_PAIRS[name]
+    cls = getattr(refopt, name)
+    for call in (lambda: fn(learning_rate=1e40),
+                 lambda: cls(learning_rate=1e40, backend="reference", **class_kwargs)):
+        kind, message = _raised(call)
+        assert kind is ValueError and "`learning_rate` must be finite in float32" in message
+        assert "Received: learning_rate=1e+40" in message
+    assert _raised(lambda: fn(learning_rate=3e38)) == (None, None)  # below float32's max
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, float("nan"), "0.5", True, np.array(0.5)])
+def test_ema_update_refuses_an_ema_momentum_like_the_classes(value):
+    ref_type, ref_msg = _raised(lambda: R.ema_update(_z(), _g(), ema_momentum=value))
+    cls_type, cls_msg = _raised(lambda: refopt.Adam(use_ema=True, ema_momentum=value,
+                                                    backend="reference"))
+    assert ref_type is cls_type is not None and ref_msg == cls_msg
+    assert R.ema_update(_z(), _g(), ema_momentum=1).dtype == _z().dtype  # 1 and 0: the ends
 
 
 def test_weight_decay_reference_refuses_a_negative_learning_rate_like_the_classes():
@@ -335,3 +363,15 @@ def test_run_reference_runs_on_the_cpu_backend_too():
         np.testing.assert_array_equal(a.params[0], b.params[0])
     assert "only ``\"reference\"`` exists" not in run_reference.__doc__
     assert "``\"torch\"``" in Trajectory.__doc__
+
+
+@pytest.mark.parametrize("make", [
+    lambda: refopt.Adam(learning_rate=1e-50, backend="reference"),
+    lambda: refopt.Lamb(learning_rate=1e-50, convention="keras3", backend="reference"),
+    lambda: refopt.Adam.from_config({"learning_rate": 1e-50, "backend": "reference"}),
+    lambda: setattr(refopt.SGD(0.1, backend="reference"), "learning_rate", 1e-50),
+], ids=["constructor", "subclass constructor", "from_config", "setter"])
+def test_learning_rate_underflow_warning_points_at_the_users_line(make):
+    with pytest.warns(UserWarning, match="underflows to 0 in float32") as record:
+        make()
+    assert [w.filename for w in record] == [__file__]

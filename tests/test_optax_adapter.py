@@ -196,6 +196,43 @@ def test_float16_and_use_ema_and_the_state_under_vmap():
         assert_bits(sb["slots"]["average"]["h"][i], s1["slots"]["average"]["h"])
 
 
+def test_host_state_of_a_vmapped_state_has_the_batch_dimensions_first():
+    # without x64 the int64 counters are stored as uint32 pairs: decoding must keep the batch
+    tx = ro.adam(learning_rate=0.01, backend=BACKEND)
+    batch = {"w": np.ones((3, 2, 2), np.float32), "b": np.zeros(3, np.float32)}
+    grads = {k: np.arange(v.size, dtype=v.dtype).reshape(v.shape) for k, v in batch.items()}
+    _, state = jax.vmap(tx.update)(grads, jax.vmap(tx.init)(batch), batch)
+    host = ro.host_state(state)
+    assert host["iterations"].shape == (3,) and host["iterations"].dtype == np.int64
+    for i in range(3):
+        one = ro.host_state(jax.tree.map(lambda x, i=i: np.asarray(x)[i], state))
+        assert int(host["iterations"][i]) == int(one["iterations"]) == 1
+        assert_bits(host["learning_rate"][i], one["learning_rate"])
+        for name in ("m", "v"):
+            for a, b in zip(host["slots"][name], one["slots"][name]):
+                assert_bits(a[i], b)
+    moved = jax.tree.map(lambda x: np.moveaxis(np.asarray(x), 0, -1), state)
+    with pytest.raises(ValueError, match="batch dimensions first"):
+        ro.host_state(moved)
+
+
+def test_inject_hyperparams_is_refused_with_a_hint():
+    tx = optax.inject_hyperparams(ro.adam)(learning_rate=1e-3)
+    with pytest.raises(TypeError, match=r"inject_hyperparams is not supported.*refopt\.schedules"):
+        tx.init({"w": jnp.ones(2)})
+
+
+def test_python_number_leaves_are_refused_naming_the_leaf():
+    tx = ro.adam(backend=BACKEND)
+    with pytest.raises(TypeError, match=r"params\['w'\] = 1\.0 \(float\).*jnp\.asarray"):
+        tx.init({"w": 1.0, "b": jnp.ones(2)})
+    with pytest.raises(TypeError, match=r"Received: params = 2 \(int\)"):
+        tx.init(2)
+    state = tx.init({"w": jnp.ones(2)})
+    with pytest.raises(TypeError, match=r"updates\['w'\] = 0\.5"):
+        tx.update({"w": 0.5}, state, {"w": jnp.ones(2)})
+
+
 def test_empty_params_is_a_no_op():
     tx = ro.adam(backend=BACKEND)
     state = tx.init({})

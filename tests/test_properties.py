@@ -857,6 +857,25 @@ def _reference_call(draw, name):
             "adadelta", "lamb", "lion", "nadam", "radam", "adafactor"):
         return getattr(ref, name), (p,), {}
     dense = hnp.arrays(dtype, shape, elements=wild)
+    if name.startswith("rowwise_adagrad"):  # FBGEMM's: one accumulator per row
+        acc = draw(float_arrays(dtype, shape[:1], nonneg=True))
+        kw = dict(learning_rate=draw(learning_rates), epsilon=draw(st.sampled_from([1e-8, 1e-3])),
+                  weight_decay=draw(st.sampled_from([0.0, 0.1])),
+                  weight_decay_mode=draw(st.sampled_from(["none", "l2", "decoupled"])))
+        if name == "rowwise_adagrad_initial_state":
+            return ref.rowwise_adagrad_initial_state, (p,), {}
+        if name == "rowwise_adagrad_rows" or not shape:
+            g = draw(dense)
+        return getattr(ref, name), (p, g, acc), kw
+    if name.startswith("proximal_"):  # TF1's: any strengths, an accumulator of any sign
+        kw = dict(learning_rate=draw(learning_rates),
+                  l1_regularization_strength=draw(st.sampled_from([0.0, 0.05])),
+                  l2_regularization_strength=draw(st.sampled_from([0.0, 0.1])))
+        if name == "proximal_adagrad_initial_state":
+            return ref.proximal_adagrad_initial_state, (p,), {}
+        if name == "proximal_gradient_descent_update":
+            return ref.proximal_gradient_descent_update, (p, g), kw
+        return ref.proximal_adagrad_update, (p, g, draw(dense)), kw
     if name == "adadelta_update":
         conv = draw(st.sampled_from(["tf_keras", "keras3", "keras2", "tf1", "torch", "optax"]))
         if conv in ("torch", "optax") or not shape:  # no sparse gradients there
@@ -921,6 +940,10 @@ REFERENCE_FUNCTIONS += ("ftrl_update", "ftrl_initial_state")
 REFERENCE_FUNCTIONS += tuple(f"{n}_{kind}" for n in ("adadelta", "lamb", "lion", "nadam",
                                                       "radam", "adafactor")
                              for kind in ("update", "initial_state"))
+REFERENCE_FUNCTIONS += ("proximal_adagrad_update", "proximal_adagrad_initial_state",
+                        "proximal_gradient_descent_update")
+REFERENCE_FUNCTIONS += ("rowwise_adagrad_update", "rowwise_adagrad_sequential_update",
+                        "rowwise_adagrad_initial_state", "rowwise_adagrad_rows")
 
 
 @st.composite

@@ -422,3 +422,233 @@ def test_docstring_examples():
     for module in (refopt.optimizers.base, refopt.checkpoint):
         result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.attempted > 0 and result.failed == 0
+
+
+# --------------------------------------------------------------------------- EMA for every optimizer
+def _ema_config(info):
+    """The first configuration of ``info`` with ``use_ema``, or None where no convention of the
+    class keeps a moving average (the constructor refuses it)."""
+    for config in info.configs:
+        try:
+            make(info.cls, dict(config, use_ema=True))
+        except (ValueError, TypeError):
+            continue
+        return dict(config, use_ema=True)
+    return None
+
+
+EMA_CASES = [(info.cls, _ema_config(info)) for info in OPTIMIZERS if _ema_config(info) is not None]
+
+
+def test_the_ema_cases_include_the_optimizers_with_their_own_slot_shapes():
+    assert {c.__name__ for c, _ in EMA_CASES} >= {"Adam", "Adafactor", "Lamb", "SGD"}
+
+
+@pytest.mark.parametrize("cls, config", EMA_CASES, ids=[c.__name__ for c, _ in EMA_CASES])
+def test_slot_shape_of_the_ema_average_is_the_variables_shape(cls, config):
+    opt = make(cls, config)
+    for shape in [(4, 6), (3,), ()]:
+        assert tuple(opt.slot_shape("average", shape)) == shape
+
+
+@pytest.mark.parametrize("cls, config", EMA_CASES, ids=[c.__name__ for c, _ in EMA_CASES])
+def test_checkpoint_with_ema_round_trips_from_the_file_alone(tmp_path, cls, config):
+    shapes = [(4, 6), (5,)]  # (4, 6): Adafactor factors it; its moments are smaller
+    rng = np.random.default_rng(11)
+    w = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = grads_for(rng, shapes, 3)
+    opt = make(cls, config)
+    run(opt, w, grads[:2])
+    save_checkpoint(tmp_path / "ema.npz", opt, w)
+    opt2, w2 = load_checkpoint(tmp_path / "ema.npz", backend="reference")
+    assert "average" in opt2.slot_names
+    assert snapshot(opt2, w2) == snapshot(opt, w)
+    run(opt, w, grads[2:])
+    run(opt2, w2, grads[2:])
+    assert snapshot(opt2, w2) == snapshot(opt, w)
+
+
+@pytest.mark.parametrize("convention", ["keras3", "torch", "optax"])
+def test_adafactor_slot_shape_of_an_unknown_slot_names_the_slots(convention):
+    opt = make(refopt.Adafactor, {"convention": convention, "learning_rate": 0.1})
+    with pytest.raises(KeyError, match=r"no slot 'average'; its slots are \['velocity_row'"):
+        opt.slot_shape("average", (4, 6))  # no use_ema: no average
+
+
+# --------------------------------------------------------------------------- weight-decay exclusions
+def _decaying(excluded=(), **config):
+    """An AdamW that decays strongly, with the variables at ``excluded`` excluded."""
+    rng = np.random.default_rng(5)
+    w = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+    opt = make(refopt.AdamW, dict({"learning_rate": 0.1, "weight_decay": 0.5}, **config))
+    if excluded:
+        opt.exclude_from_weight_decay([w[i] for i in excluded])
+    return opt, w, grads_for(rng, SHAPES, 4)
+
+
+def test_state_dict_holds_the_excluded_positions_in_build_order():
+    opt, w, _ = _decaying(excluded=[1])
+    assert opt.state_dict()["excluded_from_weight_decay"] == []  # not built: no positions
+    opt.build([w[1], w[0]])  # w[1] is built first
+    assert opt.state_dict()["excluded_from_weight_decay"] == [0]
+
+
+def test_loading_a_state_applies_its_exclusions_to_a_new_optimizer():
+    opt, w, grads = _decaying(excluded=[1])
+    run(opt, w, grads[:2])
+    fresh, w2 = make(refopt.AdamW, {"learning_rate": 0.1, "weight_decay": 0.5}), [
+        x.copy() for x in w]
+    fresh.load_state_dict(opt.state_dict(), var_list=w2)
+    run(opt, w, grads[2:])
+    run(fresh, w2, grads[2:])
+    assert snapshot(fresh, w2) == snapshot(opt, w)
+    # an AdamW excluding nothing moves w[1] differently: the exclusion matters here
+    plain, w3 = _decaying()[:2]
+    plain.load_state_dict(dict(opt.state_dict(), excluded_from_weight_decay=[]), var_list=w3)
+    run(plain, w3, grads[2:])
+    assert bits(w3[1]).tolist() != bits(w[1]).tolist()
+
+
+def test_exclusions_set_by_the_user_must_agree_with_the_saved_ones():
+    opt, w, grads = _decaying(excluded=[1])
+    run(opt, w, grads[:1])
+    sd = opt.state_dict()
+    other = make(refopt.AdamW, {"learning_rate": 0.1, "weight_decay": 0.5})
+    w2 = [x.copy() for x in w]
+    other.exclude_from_weight_decay([w2[0]])
+    with pytest.raises(ValueError, match=r"excludes the variables at positions \[1\].*"
+                                         r"this optimizer excludes those at positions \[0\]"):
+        other.load_state_dict(sd, var_list=w2)
+    assert not other.built and other.iterations == 0
+    same = make(refopt.AdamW, {"learning_rate": 0.1, "weight_decay": 0.5})
+    same.exclude_from_weight_decay([w2[1]])
+    same.load_state_dict(sd, var_list=w2)
+    assert same.state_dict()["excluded_from_weight_decay"] == [1]
+    built, w3, _ = _decaying()  # built without exclusions: they cannot change any more
+    built.build(w3)
+    with pytest.raises(ValueError, match="load the state into a new optimizer"):
+        built.load_state_dict(sd)
+    assert built.iterations == 0
+
+
+@pytest.mark.parametrize("value, match", [
+    ([2], r"distinct positions in \[0, 2\)"), ([1, 1], "distinct positions"),
+    (["0"], "list of variable positions"), ([True], "list of variable positions"),
+    ("0", "list of variable positions"),
+])
+def test_bad_excluded_positions_raise_and_change_nothing(value, match):
+    opt, w, grads = _decaying()
+    run(opt, w, grads[:1])
+    fresh = make(refopt.AdamW, {"learning_rate": 0.1, "weight_decay": 0.5})
+    with pytest.raises(ValueError, match=match):
+        fresh.load_state_dict(dict(opt.state_dict(), excluded_from_weight_decay=value),
+                              var_list=[x.copy() for x in w])
+    assert not fresh.built and fresh.iterations == 0 and not fresh._exclude_ids
+
+
+def test_a_state_without_the_exclusions_key_keeps_the_optimizers_own():
+    opt, w, grads = _decaying(excluded=[0])
+    run(opt, w, grads[:2])
+    sd = {k: v for k, v in opt.state_dict().items() if k != "excluded_from_weight_decay"}
+    mine = make(refopt.AdamW, {"learning_rate": 0.1, "weight_decay": 0.5})
+    w2 = [x.copy() for x in w]
+    mine.exclude_from_weight_decay([w2[0]])
+    mine.load_state_dict(sd, var_list=w2)
+    assert mine.state_dict()["excluded_from_weight_decay"] == [0]
+
+
+def test_checkpoint_from_the_file_alone_keeps_the_exclusions(tmp_path):
+    opt, w, grads = _decaying(excluded=[1])
+    run(opt, w, grads[:2])
+    meta = save_checkpoint(tmp_path / "wd.npz", opt, [w[1], w[0]])  # the file's own order
+    assert meta["excluded_from_weight_decay"] == [0]
+    opt2, (b, a) = load_checkpoint(tmp_path / "wd.npz")
+    run(opt, w, grads[2:])
+    run(opt2, [a, b], grads[2:])
+    assert snapshot(opt2, [a, b]) == snapshot(opt, w)
+
+
+def test_checkpoint_of_an_unbuilt_optimizer_keeps_the_exclusions(tmp_path):
+    opt, w, grads = _decaying(excluded=[1])
+    save_checkpoint(tmp_path / "wd.npz", opt, w)
+    opt2, w2 = load_checkpoint(tmp_path / "wd.npz")
+    assert not opt2.built
+    run(opt, w, grads)
+    run(opt2, w2, grads)
+    assert snapshot(opt2, w2) == snapshot(opt, w)
+    other = make(refopt.AdamW, {"learning_rate": 0.1, "weight_decay": 0.5})
+    w3 = [x.copy() for x in w]
+    other.exclude_from_weight_decay([w3[0]])
+    with pytest.raises(CheckpointError, match="excludes the variables at positions"):
+        load_checkpoint(tmp_path / "wd.npz", other, w3)
+
+
+def test_checkpoint_written_before_exclusions_were_saved_loads_excluding_nothing(tmp_path):
+    from refopt.checkpoint import _write_file
+
+    opt, w, grads = _decaying()
+    run(opt, w, grads[:2])
+    save_checkpoint(tmp_path / "new.npz", opt, w)
+    with np.load(tmp_path / "new.npz") as z:  # the same file without the new key
+        arrays = {k: z[k] for k in z.files if k not in ("meta", "sha256")}
+        meta = json.loads(str(z["meta"]))
+    del meta["excluded_from_weight_decay"]
+    _write_file(tmp_path / "old.npz", meta, arrays)
+    opt2, w2 = load_checkpoint(tmp_path / "old.npz")
+    run(opt, w, grads[2:])
+    run(opt2, w2, grads[2:])
+    assert snapshot(opt2, w2) == snapshot(opt, w)
+
+
+# --------------------------------------------------------------------------- backend of the file-only form
+def _with_saved_backend(tmp_path, backend):
+    """A checkpoint whose config says ``backend`` (as if saved there)."""
+    from refopt.checkpoint import _write_file
+
+    path, opt, w, more = _saved(tmp_path)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files if k not in ("meta", "sha256")}
+        meta = json.loads(str(z["meta"]))
+    meta["config"]["backend"] = backend
+    _write_file(path, meta, arrays)
+    return path, opt, w, more
+
+
+def test_load_checkpoint_from_the_file_alone_takes_the_default_backend(tmp_path, monkeypatch):
+    path, opt, w, more = _with_saved_backend(tmp_path, "cuda")
+    monkeypatch.setenv("REFOPT_BACKEND", "reference")
+    opt2, w2 = load_checkpoint(path)
+    assert opt2.backend == "reference" and isinstance(w2[0], np.ndarray)
+    monkeypatch.setenv("REFOPT_BACKEND", "cpu")
+    assert load_checkpoint(path).optimizer.backend == "cpu"
+    assert load_checkpoint(path, backend="reference").optimizer.backend == "reference"
+    run(opt, w, more)
+    run(opt2, w2, more)
+    assert snapshot(opt2, w2) == snapshot(opt, w)
+
+
+def test_load_checkpoint_errors_of_the_saved_config_are_checkpoint_errors(tmp_path, monkeypatch):
+    from refopt.checkpoint import _write_file
+
+    path = _saved(tmp_path)[0]
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files if k not in ("meta", "sha256")}
+        meta = json.loads(str(z["meta"]))
+    _write_file(tmp_path / "bad.npz", dict(meta, config=dict(meta["config"], beta_1=2.0)), arrays)
+    with pytest.raises(CheckpointError, match=r"bad\.npz from its config \(ValueError: `beta_1`"
+                                              r".*create the optimizer yourself"):
+        load_checkpoint(tmp_path / "bad.npz")
+
+    from refopt.optimizers import base
+
+    real = base.get_executor
+
+    def get_executor(backend):  # a machine without a GPU
+        if backend == "cuda":
+            raise RuntimeError("backend='cuda' needs an NVIDIA GPU (test stand-in)")
+        return real(backend)
+
+    monkeypatch.setattr(base, "get_executor", get_executor)
+    with pytest.raises(CheckpointError, match=r"c\.npz from its config \(RuntimeError: .*"
+                                              r"pass another backend.*backend='cuda'"):
+        load_checkpoint(path, backend="cuda")

@@ -415,3 +415,186 @@ def test_checkpoint_of_torch_tensors_resumes_bit_identically(tmp_path):
     opt2.apply_gradients([(g, q)])
     assert torch.equal(q, p)
     assert np.array_equal(opt2.get_slot(q, "v"), opt.get_slot(p, "v"))
+
+
+# --------------------------------------------------------------- autograd, compile, hooks
+def stale_backward_message(make_opt):
+    """Step, then backward through the graph recorded before the step: torch's message, or
+    None when it silently computed gradients from the new values."""
+    model = make_model()
+    opt = make_opt(model.parameters())
+    # square() saves the weight for backward (a Linear's own backward needs only the input)
+    loss = loss_of(model, *batch()) + model.weight.square().sum()
+    loss.backward(retain_graph=True)
+    opt.step()
+    try:
+        loss.backward()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_stale_graph_backward_raises_as_with_torch_optim():
+    # torch's default Adam (foreach) bumps the versions; its fused CPU kernel (torch 2.13)
+    # does not, and then computes silently from the new values: refopt follows the default
+    want = stale_backward_message(lambda ps: torch.optim.Adam(ps, lr=1e-2))
+    assert want is not None and "modified by an inplace operation" in want
+    got = stale_backward_message(lambda ps: rt.Adam(ps, lr=1e-2))
+    assert got is not None and "modified by an inplace operation" in got
+
+
+def test_only_updated_params_get_a_new_version():
+    model = make_model()
+    idle = torch.nn.Parameter(torch.ones(2))
+    opt = rt.Adam([{"params": model.parameters()}, {"params": [idle]}], lr=1e-2)
+    versions = [p._version for p in model.parameters()]
+    train(model, opt, steps=1)
+    assert all(p._version > v for p, v in zip(model.parameters(), versions))
+    assert idle._version == 0
+
+
+def test_sparse_adam_refuses_dense_gradients_as_torch_does_and_changes_nothing():
+    def attempt(make):
+        p = torch.nn.Parameter(torch.zeros(3))
+        p.grad = torch.ones(3)
+        with pytest.raises(RuntimeError) as info:
+            make([p]).step()
+        assert torch.equal(p.detach(), torch.zeros(3)) and p._version == 0
+        return str(info.value)
+
+    assert attempt(lambda ps: rt.SparseAdam(ps)) == attempt(lambda ps: torch.optim.SparseAdam(ps))
+
+
+@pytest.mark.parametrize("kwargs", [{"nesterov": True}, {"nesterov": True, "momentum": 0.0}])
+def test_sgd_nesterov_without_momentum_refused_as_torch_does(kwargs):
+    model = make_model()
+    with pytest.raises(ValueError) as want:
+        torch.optim.SGD(model.parameters(), lr=0.1, **kwargs)
+    with pytest.raises(ValueError, match=r"momentum=0\.0") as got:
+        rt.SGD(model.parameters(), lr=0.1, **kwargs)
+    assert str(got.value).startswith(str(want.value))
+    opt = rt.SGD([model.weight], lr=0.1, momentum=0.9, nesterov=True)
+    with pytest.raises(ValueError, match=r"param_groups\[1\] with nesterov=True"):
+        opt.add_param_group({"params": [model.bias], "momentum": 0.0})
+    with pytest.raises(ValueError, match=r"param_groups\[1\]\['dampening'\]=0\.5"):
+        opt.add_param_group({"params": [model.bias], "dampening": 0.5})
+    assert len(opt.param_groups) == 1 and len(opt.refopt_optimizers) == 1
+
+
+def test_global_clipnorm_in_two_groups_is_refused_naming_clip_grad_norm():
+    model = make_model()
+    with pytest.raises(ValueError, match=r"2 parameter groups.*clip_grad_norm_"):
+        rt.Adam(two_groups(model, (1e-2, 1e-2)), global_clipnorm=0.1)
+    opt = rt.Adam([model.weight], global_clipnorm=0.1)  # one group: its norm is the global one
+    with pytest.raises(ValueError, match=r"param_groups\[1\]\['global_clipnorm'\]=0\.1"):
+        opt.add_param_group({"params": [model.bias]})
+    assert len(opt.param_groups) == 1 and len(opt.refopt_optimizers) == 1
+    opt.add_param_group({"params": [model.bias], "global_clipnorm": None})
+    assert opt.refopt_optimizers[1].global_clipnorm is None
+
+
+def test_one_group_global_clipnorm_clips_like_torch_clip_grad_norm():
+    # the single-group form that remains allowed equals torch.nn.utils.clip_grad_norm_ bit
+    # for bit (the torch convention's clip_formula); SGD's step is proportional to the
+    # clipped gradient, so clipping shows
+    def run(clip):
+        model = make_model()
+        x, y = batch()
+        opt = (rt.SGD(model.parameters(), lr=0.1, global_clipnorm=0.05) if clip == "refopt"
+               else rt.SGD(model.parameters(), lr=0.1))
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss_of(model, x, y).backward()
+            if clip == "torch":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            opt.step()
+        return model.weight.detach().numpy()
+
+    ours, torchs, unclipped = run("refopt"), run("torch"), run(None)
+    np.testing.assert_array_equal(ours, torchs)
+    assert np.abs(unclipped - torchs).max() > 1e-2
+
+
+def test_load_state_dict_runs_torch_pre_and_post_hooks():
+    model = make_model()
+    opt = rt.Adam(model.parameters(), lr=1e-2)
+    train(model, opt, steps=1)
+    saved = opt.state_dict()
+    calls = []
+
+    def pre(optimizer, state_dict):
+        calls.append(("pre", optimizer is opt, state_dict is saved))
+        state_dict = copy.deepcopy(state_dict)
+        state_dict["param_groups"][0]["lr"] = 0.5  # a pre-hook may return an edited dict
+        return state_dict
+
+    opt.register_load_state_dict_pre_hook(pre)
+    opt.register_load_state_dict_post_hook(
+        lambda optimizer: calls.append(("post", optimizer.param_groups[0]["lr"])))
+    opt.load_state_dict(saved)
+    assert calls == [("pre", True, False), ("post", 0.5)]  # pre gets a shallow copy
+    assert saved["param_groups"][0]["lr"] == 1e-2
+
+
+def test_a_failing_pre_hook_or_refused_load_changes_nothing_and_skips_post_hooks():
+    model = make_model()
+    opt = rt.Adam(model.parameters(), lr=1e-2)
+    train(model, opt, steps=1)
+    saved = opt.state_dict()
+    posts = []
+    opt.register_load_state_dict_post_hook(lambda o: posts.append(1))
+    handle = opt.register_load_state_dict_pre_hook(
+        lambda o, sd: (_ for _ in ()).throw(KeyError("from the hook")))
+    ropt = opt.refopt_optimizers[0]
+    with pytest.raises(KeyError, match="from the hook"):
+        opt.load_state_dict(saved)
+    handle.remove()
+    bad = copy.deepcopy(saved)
+    bad["refopt"][0]["config"]["convention"] = "tf_keras"
+    with pytest.raises(ValueError):
+        opt.load_state_dict(bad)
+    assert posts == [] and opt.refopt_optimizers[0] is ropt
+
+
+def test_load_state_dict_config_mismatch_names_group_hyperparameter_saved_and_this():
+    model = make_model()
+    opt = rt.Adam(two_groups(model, (1e-2, 1e-2)), convention="tf_keras")
+    train(model, opt, steps=1)
+    saved = opt.state_dict()
+    other = rt.Adam(two_groups(model, (1e-2, 1e-2)))
+    with pytest.raises(ValueError, match=r"group 0 .*convention: saved 'tf_keras', this "
+                       r"optimizer 'torch'.*convention='tf_keras'"):
+        other.load_state_dict(saved)
+    edited = copy.deepcopy(saved)
+    edited["refopt"][1]["config"]["beta_1"] = 0.5
+    with pytest.raises(ValueError, match=r"group 1 .*betas\[0\] \(beta_1\): saved 0\.5, this "
+                       r"optimizer 0\.8"):
+        opt.load_state_dict(edited)
+    with pytest.raises(ValueError, match=r"group 0 was computed by refopt\.Adam; .*refopt\.Nadam"):
+        rt.NAdam(two_groups(model, (1e-2, 1e-2)), convention="tf_keras").load_state_dict(saved)
+
+
+def test_step_is_a_graph_break_under_torch_compile():
+    import time
+
+    model = make_model()
+    twin = copy.deepcopy(model)
+    x, y = batch()
+
+    def train_step(m, o):
+        o.zero_grad()
+        loss = loss_of(m, x, y)
+        loss.backward()
+        o.step()
+        return loss
+
+    start = time.monotonic()
+    compiled = torch.compile(train_step, backend="eager")  # dynamo only: no C++ compiler
+    opt, topt = rt.Adam(model.parameters(), lr=1e-2), rt.Adam(twin.parameters(), lr=1e-2)
+    for _ in range(3):
+        got = compiled(model, opt)
+        if time.monotonic() - start > 20:  # dynamo on a loaded machine: not worth the wait
+            pytest.skip("torch.compile took more than 20 s")
+        want = train_step(twin, topt)
+        assert torch.equal(got, want)
+    assert_same(list(model.parameters()), list(twin.parameters()))

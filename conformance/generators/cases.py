@@ -900,6 +900,87 @@ CASES += [
        **_radam_tol("torch/radam_wide_f32")),
 ]
 
+# ---- fbgemm: fbgemm-gpu-cpu 1.8.0 (torch 2.13.0+cpu), SplitTableBatchedEmbeddingBagsCodegen
+# with EXACT_ROWWISE_ADAGRAD on the CPU, PoolingMode.NONE (the sequence-embedding backward,
+# FBGEMM's reference kernel); one table per variable, a dense gradient = every row once.
+FBGEMM = "fbgemm"
+_RWA_API = ("fbgemm_gpu SplitTableBatchedEmbeddingBagsCodegen(optimizer=EXACT_ROWWISE_ADAGRAD, "
+            "pooling_mode=NONE, CPU)")
+_RWA_TABLES = [(10, 4), (6, 8)]
+CASES += [
+    _c("fbgemm/rowwise_adagrad_f32", FBGEMM, "RowWiseAdagrad", {}, shapes=_RWA_TABLES,
+       grads="sparse", api=_RWA_API + " defaults: lr 0.01, eps 1e-8"),
+    _c("fbgemm/rowwise_adagrad_lr_f32", FBGEMM, "RowWiseAdagrad",
+       dict(learning_rate=0.1, epsilon=1e-3), shapes=_RWA_TABLES, grads="sparse", api=_RWA_API),
+    _c("fbgemm/rowwise_adagrad_l2_f32", FBGEMM, "RowWiseAdagrad",
+       dict(learning_rate=0.1, epsilon=1e-3, weight_decay=0.1, weight_decay_mode="l2"),
+       shapes=_RWA_TABLES, grads="sparse", api=_RWA_API + " weight_decay_mode=L2"),
+    _c("fbgemm/rowwise_adagrad_decoupled_f32", FBGEMM, "RowWiseAdagrad",
+       dict(learning_rate=0.1, epsilon=1e-3, weight_decay=0.1, weight_decay_mode="decoupled"),
+       shapes=_RWA_TABLES, grads="sparse", api=_RWA_API + " weight_decay_mode=DECOUPLE"),
+    _c("fbgemm/rowwise_adagrad_small_f32", FBGEMM, "RowWiseAdagrad", dict(learning_rate=1.0),
+       shapes=[(4, 4)], grads="sparse", steps=8, api=_RWA_API + " one 4x4 table, lr 1"),
+    _c("fbgemm/rowwise_adagrad_wide_f32", FBGEMM, "RowWiseAdagrad",
+       dict(learning_rate=0.05, epsilon=1e-6, weight_decay=0.01, weight_decay_mode="l2"),
+       shapes=[(40, 64), (8, 128)], grads="sparse", api=_RWA_API + " D=64 and 128"),
+]
+
+# ---- TF1's proximal optimizers (issue 14): ProximalAdagrad and ProximalGradientDescent, TF
+# 2.15 tf.compat.v1.train in graph mode, float32 and float64, the defaults and l1/l2; sparse
+# IndexedSlices (summed duplicates, an empty gradient at step 3, a row never touched), rows of
+# several elements (Eigen's chips) and of one element (the kernels' scalar loop, whose last
+# division is in double), and the duplicate example. float64: TF1's dense optimizers do not
+# cast their hyperparameters (a Python float is a float32 tensor: TypeError), so the generator
+# passes float64 NumPy scalars of the float32-rounded values, as refopt casts them.
+_PA_API = "tf.compat.v1.train.ProximalAdagradOptimizer"
+_PGD_API = "tf.compat.v1.train.ProximalGradientDescentOptimizer"
+_PROX_L = dict(l1_regularization_strength=0.05, l2_regularization_strength=0.1)
+_RSQRT_PA = ("TF's CPU rsqrt (Eigen's vectorised estimate and Newton step) is 1-2 ulp off on "
+             "about a fifth of float32 inputs; refopt's is correctly rounded (every element "
+             "reproduced with TF's rsqrt); grows where v = w - g*lr_t cancels")
+# id -> (ulp, reason): measured with refopt.reference.proximal_adagrad_update, resync every
+# step, rounded up to a power of two; every other proximal case is bit-identical (float64,
+# where Eigen's rsqrt is 1/sqrt, one-element rows, which divide by sqrt, and gradient descent)
+_PROX_TOL = {
+    "tf1/proximal_adagrad_f32": (4, f"4 ulp (measured 4): {_RSQRT_PA}"),
+    "tf1/proximal_adagrad_l1l2_f32": (
+        256, f"256 ulp (measured 140): {_RSQRT_PA}, and where |v| - lr_t*l1 cancels"),
+    "tf1/proximal_adagrad_sparse_f32": (2, f"2 ulp (measured 2): {_RSQRT_PA}"),
+}
+
+
+def _prox_tol(id):
+    tol, why = _PROX_TOL.get(id, (0, ""))
+    return dict(tol=tol, why=why)
+
+
+def _prox_cases(opt, tag, api, lr):
+    out = []
+    for dt in ("float32", "float64"):
+        d = f"{dt[0]}{dt[-2:]}"
+        out += [
+            _c(f"tf1/{tag}_{d}", TF1, opt, dict(learning_rate=lr), dtype=dt, api=api,
+               **_prox_tol(f"tf1/{tag}_{d}")),
+            _c(f"tf1/{tag}_l1l2_{d}", TF1, opt, dict(learning_rate=lr, **_PROX_L), dtype=dt,
+               api=api, **_prox_tol(f"tf1/{tag}_l1l2_{d}")),
+            _c(f"tf1/{tag}_sparse_{d}", TF1, opt, dict(learning_rate=lr, **_PROX_L),
+               dtype=dt, shapes=_TABLE, grads="sparse", api=api + " on IndexedSlices",
+               **_prox_tol(f"tf1/{tag}_sparse_{d}")),
+            _c(f"tf1/{tag}_sparse_1d_{d}", TF1, opt, dict(learning_rate=lr, **_PROX_L),
+               dtype=dt, shapes=[(12,)], grads="sparse",
+               api=api + " on IndexedSlices of a 1-D variable (one-element rows)",
+               **_prox_tol(f"tf1/{tag}_sparse_1d_{d}")),
+        ]
+    out.append(_c(f"tf1/{tag}_sparse_dup_f32", TF1, opt, dict(learning_rate=0.1, **_PROX_L),
+                  shapes=[(3, 2)], grads="sparse_dup", steps=2,
+                  api=api + " on IndexedSlices (rows [1, 1])",
+                  **_prox_tol(f"tf1/{tag}_sparse_dup_f32")))
+    return out
+
+
+CASES += (_prox_cases("ProximalAdagrad", "proximal_adagrad", _PA_API, 0.1)
+          + _prox_cases("ProximalGradientDescent", "proximal_sgd", _PGD_API, 0.01))
+
 _BY_ID = {c["id"]: c for c in CASES}
 assert len(_BY_ID) == len(CASES), "duplicate case ids"
 

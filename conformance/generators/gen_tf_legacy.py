@@ -213,6 +213,20 @@ def _tf1_optimizer(case, tf):
         if "epsilon" in hyper:
             raise ValueError(f"{case['id']}: TF1's AdagradOptimizer has no epsilon")
         return tf.compat.v1.train.AdagradOptimizer(**kw), [("accumulator", "accumulator")]
+    if case["optimizer"] in ("ProximalAdagrad", "ProximalGradientDescent"):
+        # TF1's dense proximal optimizers do not cast their hyperparameters to the variable's
+        # dtype: for float64, float64 NumPy scalars of the float32-rounded values (the values
+        # the resource sparse path's tf.cast gives, and refopt's)
+        kw = dict(hyper)
+        if case["dtype"] == "float64":
+            kw.setdefault("l1_regularization_strength", 0.0)
+            kw.setdefault("l2_regularization_strength", 0.0)
+            kw = {k: (np.float64(np.float32(v)) if k != "initial_accumulator_value" else v)
+                  for k, v in kw.items()}
+        if case["optimizer"] == "ProximalAdagrad":
+            return (tf.compat.v1.train.ProximalAdagradOptimizer(**kw),
+                    [("accumulator", "accumulator")])
+        return tf.compat.v1.train.ProximalGradientDescentOptimizer(**kw), []
     if case["optimizer"] == "Ftrl":  # FtrlOptimizer's slots are "accum" and "linear"
         return (tf.compat.v1.train.FtrlOptimizer(**hyper),
                 [("accum", "accumulator"), ("linear", "linear")])

@@ -96,6 +96,8 @@ def save_case(case, *, framework, versions, init, grads, params, slots, emulated
                 s = np.asarray(s)
                 # Adafactor's factored moments have shapes of their own (the framework's)
                 free = name in ("velocity_row", "velocity_col")
+                # RowWiseAdagrad's accumulator: one value per row
+                free = free or case["optimizer"] == "RowWiseAdagrad"
                 assert s.dtype == dtype and (free or s.shape == tuple(case["shapes"][i])), (
                     name, k, i)
                 arrays[f"slot/{name}/{k}/{i}"] = s

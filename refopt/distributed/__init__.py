@@ -1,6 +1,8 @@
 """Distributed training over MPI, bit-identical to one process for any number of ranks.
 
-- :class:`ShardedOptimizer`: data parallelism with sharded optimizer state (ZeRO-1);
+- :class:`ShardedOptimizer`: data parallelism with sharded optimizer state (ZeRO-1): a
+  slice of the flattened parameters per rank for elementwise optimizers, whole tensors per
+  rank for Lamb, Adafactor and PyTorch-formula norm clipping;
   ``mode="exact"`` sums the K micro-batch gradients of a step in micro-batch order whatever
   the number of ranks R (R divides K), so every R gives the single-process bits;
   ``mode="fast"`` pre-sums on each rank (reproducible for a given R).
@@ -16,10 +18,10 @@ script with ``mpiexec -n R python -m mpi4py script.py`` (``-m mpi4py`` aborts ev
 one raises an exception outside refopt's collectives, instead of leaving the others waiting).
 """
 
-from refopt.distributed._common import ELEMENTWISE, DistributedError
+from refopt.distributed._common import ELEMENTWISE, PER_TENSOR, DistributedError
 from refopt.distributed.comm import Communicator, MPIComm, SelfComm, get_comm
 from refopt.distributed.embedding import ShardedEmbedding
 from refopt.distributed.zero import MODES, ShardedOptimizer
 
-__all__ = ["ELEMENTWISE", "MODES", "Communicator", "DistributedError", "MPIComm",
+__all__ = ["ELEMENTWISE", "MODES", "PER_TENSOR", "Communicator", "DistributedError", "MPIComm",
            "SelfComm", "ShardedEmbedding", "ShardedOptimizer", "get_comm"]

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ELEMENTWISE", "DistributedError", "agree", "bounds"]
+__all__ = ["ELEMENTWISE", "PER_TENSOR", "DistributedError", "agree", "bounds"]
 
 #: Optimizers whose update (after clipping) is elementwise given per-step scalars: a slice
 #: of a flat buffer is updated exactly as the whole. Lamb and Adafactor reduce per tensor.
 ELEMENTWISE = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad", "Adadelta",
                "Adamax", "Nadam", "Lion", "RAdam", "ASGD", "Rprop", "Ftrl")
+
+#: Optimizers whose update reduces over each tensor (Lamb's trust-ratio norms, Adafactor's
+#: factored moments, update RMS and parameter scale): sharded a whole tensor per rank, so
+#: every reduction is the single-process one.
+PER_TENSOR = ("Lamb", "Adafactor")
 
 _TYPES = {"TypeError": TypeError, "ValueError": ValueError, "KeyError": KeyError,
           "OverflowError": OverflowError, "FileNotFoundError": FileNotFoundError,

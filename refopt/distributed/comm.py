@@ -1,7 +1,7 @@
 """The communication engines behind :mod:`refopt.distributed`: one small interface, MPI built.
 
 The distributed layer only moves data and decides who computes what; everything it needs from
-an engine is the six collectives of :class:`Communicator`. Two engines are here:
+an engine is the collectives of :class:`Communicator`. Two engines are here:
 
 - :class:`MPIComm`: MPI through ``mpi4py`` (``pip install "refopt[mpi]"`` brings ``mpi4py``
   and the ``mpich`` wheel, so no system MPI is needed); run with ``mpiexec -n R python ...``.
@@ -62,6 +62,11 @@ class Communicator:
         """Wait until every rank is here."""
         raise NotImplementedError
 
+    def abort(self, code=1):
+        """End every rank now with exit status ``code`` (for an error only this rank has,
+        outside the checked collectives, which would otherwise leave the others waiting)."""
+        raise NotImplementedError
+
 
 def _displacements(counts):
     counts = np.asarray(counts, np.int64)
@@ -90,6 +95,9 @@ class SelfComm(Communicator):
 
     def barrier(self):
         pass
+
+    def abort(self, code=1):
+        pass  # one process: the caller's exception ends it
 
 
 _MPI_TYPES = {}
@@ -151,6 +159,9 @@ class MPIComm(Communicator):
 
     def barrier(self):
         self.comm.Barrier()
+
+    def abort(self, code=1):
+        self.comm.Abort(code)
 
 
 def get_comm(comm=None):

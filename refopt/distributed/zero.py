@@ -13,11 +13,17 @@ import numpy as np
 
 from refopt import schedules as _schedules
 from refopt.distributed import norms as _norms
-from refopt.distributed._common import ELEMENTWISE, agree, bounds, check_micro_batches
+from refopt.distributed._common import (
+    ELEMENTWISE,
+    PER_TENSOR,
+    agree,
+    bounds,
+    check_micro_batches,
+)
 from refopt.distributed.comm import get_comm
 from refopt.executors import plan as _plan
 
-__all__ = ["MODES", "ShardedOptimizer"]
+__all__ = ["LAYOUTS", "MODES", "ShardedOptimizer", "tensor_owners"]
 
 #: ``"exact"``: every micro-batch gradient slice goes to its owner, summed in micro-batch
 #: order (the same numbers for any R). ``"fast"``: each rank pre-sums its micro-batches,
@@ -26,6 +32,41 @@ __all__ = ["MODES", "ShardedOptimizer"]
 MODES = ("exact", "fast")
 
 _CLIP_KEYS = ("clipnorm", "clipvalue", "global_clipnorm")
+
+#: How the state is cut. ``"slice"``: a contiguous slice of each dtype's flattened variables
+#: per rank (elementwise optimizers; boundaries inside tensors). ``"tensor"``: whole tensors
+#: per rank (:func:`tensor_owners`), for updates and clips that reduce over a tensor in an
+#: order that cannot be split (Lamb, Adafactor, PyTorch's norm clipping).
+LAYOUTS = ("slice", "tensor")
+
+
+def tensor_owners(nbytes, size):
+    """The rank that owns each tensor in the ``"tensor"`` layout: greedy balancing.
+
+    Tensors are taken largest first (ties: the lower position first) and each goes to the
+    rank with the fewest bytes so far (ties: the lower rank), the classic
+    longest-processing-time rule: deterministic, and no rank holds more than ``total / R``
+    plus one tensor's bytes.
+
+    Parameters
+    ----------
+    nbytes : list of int
+        Each tensor's bytes, in ``variables`` order.
+    size : int
+        R.
+
+    Returns
+    -------
+    list of int
+        The owner of each tensor.
+    """
+    load = [0] * size
+    owner = [0] * len(nbytes)
+    for i in sorted(range(len(nbytes)), key=lambda i: (-nbytes[i], i)):
+        r = min(range(size), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += nbytes[i]
+    return owner
 
 
 #: Slice boundaries fall at a multiple of this many elements from the start of a tensor (or
@@ -51,15 +92,29 @@ def aligned_bounds(offsets, size):
 
 
 class _Group:
-    """The variables of one dtype: their flat layout and this rank's slice ``[lo, hi)``."""
+    """The variables of one dtype: their flat layout and this rank's slice ``[lo, hi)``.
 
-    def __init__(self, dtype, positions, variables, size, rank):
+    ``owners`` None: the ``"slice"`` layout (variables in order, aligned balanced bounds);
+    else the ``"tensor"`` layout: the variables ordered by (owner, position), each rank's
+    bounds at its first tensor.
+    """
+
+    def __init__(self, dtype, positions, variables, size, rank, owners=None):
+        if owners is not None:
+            positions = sorted(positions, key=lambda i: (owners[i], i))
         self.dtype = dtype
         self.positions = positions
+        self.shapes = [variables[i].shape for i in positions]
         self.sizes = [variables[i].size for i in positions]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64).tolist()
         self.total = self.offsets[-1]
-        self.bounds = aligned_bounds(self.offsets, size)
+        if owners is None:
+            self.owners = None
+            self.bounds = aligned_bounds(self.offsets, size)
+        else:
+            self.owners = [owners[i] for i in positions]
+            self.bounds = [self.offsets[bisect.bisect_left(self.owners, r)]
+                           for r in range(size)] + [self.total]
         self.lo, self.hi = self.bounds[rank], self.bounds[rank + 1]
         # this rank's pieces: (variable position, start in the variable, start in the slice, n)
         self.pieces = []
@@ -72,18 +127,38 @@ class _Group:
     def counts(self):
         return [self.bounds[r + 1] - self.bounds[r] for r in range(len(self.bounds) - 1)]
 
+    def segments(self, r):
+        """Rank ``r``'s slice as ``[(k, start in tensor k, count)]``, in flat order."""
+        lo, hi = self.bounds[r], self.bounds[r + 1]
+        out = []
+        for k in range(len(self.positions)):
+            a = max(self.offsets[k], lo)
+            b = min(self.offsets[k + 1], hi)
+            if b > a:
+                out.append((k, a - self.offsets[k], b - a))
+        return out
+
 
 class ShardedOptimizer:
     """Data parallelism with sharded optimizer state (ZeRO-1), bit-identical to one process.
 
     Wraps an unbuilt refopt optimizer (the single-process optimizer stays the unit of
     truth, as with Horovod's ``DistributedOptimizer`` and torch's
-    ``ZeroRedundancyOptimizer``). Every rank holds the full variables; rank ``r`` owns, for
-    each dtype, about ``1/R`` of the variables of that dtype flattened back to back in
-    ``variables`` order, a contiguous slice (the balanced partition, each boundary moved
-    down to a multiple of :data:`ALIGN` elements within its tensor), and only that
-    slice's slots and EMA averages: a local optimizer built like ``optimizer`` runs on the
-    pieces of the slice (1-d views of the variables) with the local executor.
+    ``ZeroRedundancyOptimizer``). Every rank holds the full variables; rank ``r`` owns a part
+    of them and only that part's slots and EMA averages: a local optimizer built like
+    ``optimizer`` runs on its part with the local executor. :attr:`layout` says how the
+    variables are cut (:data:`LAYOUTS`):
+
+    - ``"slice"`` (elementwise optimizers): for each dtype, about ``1/R`` of the variables of
+      that dtype flattened back to back in ``variables`` order, a contiguous slice (the
+      balanced partition, each boundary moved down to a multiple of :data:`ALIGN` elements
+      within its tensor); the local optimizer runs on 1-d views of the pieces.
+    - ``"tensor"`` (Lamb and Adafactor, whose updates reduce over each tensor, and norm
+      clipping with PyTorch's formula, whose sums run in lanes across a whole tensor):
+      whole tensors, balanced greedily by bytes (:func:`tensor_owners`); the local
+      optimizer runs on the variables themselves, so every per-tensor reduction is the
+      single-process one. Memory per rank is about ``1/R`` of the state plus at most one
+      tensor's state.
 
     One step (:meth:`apply_gradients`): this rank's ``K / R`` micro-batch gradients (rank
     ``r`` computes micro-batches ``r K / R`` to ``(r + 1) K / R - 1``) are checked on every
@@ -92,17 +167,20 @@ class ShardedOptimizer:
     (``G = g_0; G = G + g_k`` for ``k = 1..K-1``, in the dtype; with ``reduction="mean"``
     then ``G / K``); norm clipping reduces each tensor's squares in NumPy's pairwise order
     across the owners (:mod:`refopt.distributed.norms`), giving the single-process norm;
-    the owner clips, decays, updates and averages its slice; the updated slices are
-    gathered back into every rank's variables.
+    under PyTorch's formula each owner takes its tensors' ``torch.linalg.vector_norm`` in
+    PyTorch's order (:func:`refopt.reference.reductions.torch_vector_norm`) and the ranks
+    exchange these T numbers, stacked in ``get_total_norm``'s order for a global norm; the
+    owner clips, decays, updates and averages its part; the updated parts are gathered back
+    into every rank's variables.
 
     Parameters
     ----------
     optimizer : refopt.Optimizer
         Unbuilt; its class, hyperparameters, convention, backend (``"cpu"`` or
         ``"reference"``), ``iterations`` and weight-decay exclusions are used. It is not
-        stepped itself. Its class must be elementwise (``ELEMENTWISE``: the Adam family,
-        SGD, RMSprop, Adagrad, Adadelta, Adamax, Nadam, Lion, RAdam, ASGD, Rprop, Ftrl);
-        Lamb and Adafactor reduce per tensor and are refused.
+        stepped itself. One of refopt's optimizers: elementwise (``ELEMENTWISE``: the Adam
+        family, SGD, RMSprop, Adagrad, Adadelta, Adamax, Nadam, Lion, RAdam, ASGD, Rprop,
+        Ftrl) or per tensor (``PER_TENSOR``: Lamb, Adafactor).
     variables : list of ndarray
         The model's variables, float32 or float64 (float16 without norm clipping),
         C-contiguous, writeable, the same shapes, dtypes and values on every rank (checked
@@ -119,23 +197,22 @@ class ShardedOptimizer:
     Raises
     ------
     TypeError
-        ``optimizer`` is not an unbuilt elementwise refopt optimizer; a variable is not a
-        float ndarray.
+        ``optimizer`` is not an unbuilt refopt optimizer of those classes; a variable is not
+        a float ndarray.
     ValueError
         A bad ``micro_batches``, ``mode`` or ``reduction``; variables that differ between
         ranks (shape, dtype or value); a C-contiguity or writeability problem.
     NotImplementedError
-        Norm clipping with PyTorch's formula or Keras 2's several clips in sequence (their
-        reductions are not split yet), or with float16 variables; Nadam over several dtypes
-        (its momentum product takes the first variable's dtype).
+        Keras 2's several clips in sequence, or norm clipping with float16 variables; Nadam
+        over several dtypes (its momentum product takes the first variable's dtype).
 
     Notes
     -----
-    Memory: each rank keeps ``1/R`` of the slots and averages (:meth:`state_nbytes`).
-    Communication per rank and step, N elements of gradient: exact mode sends
-    ``(K/R) N (R-1)/R`` and receives as much; fast mode ``N (R-1)/R``; both gather
-    ``N (R-1)/R`` parameters; norm clipping adds ``O(T log N + 256 T)`` numbers for T
-    tensors. Every rank must call every method here in the same order (they are
+    Memory: each rank keeps ``1/R`` of the slots and averages (:meth:`state_nbytes`; in the
+    ``"tensor"`` layout up to one tensor's more). Communication per rank and step, N
+    elements of gradient: exact mode sends ``(K/R) N (R-1)/R`` and receives as much; fast
+    mode ``N (R-1)/R``; both gather ``N (R-1)/R`` parameters; norm clipping adds
+    ``O(T log N + 256 T)`` numbers for T tensors (``T`` numbers under PyTorch's formula). Every rank must call every method here in the same order (they are
     collectives).
 
     Examples
@@ -163,11 +240,11 @@ class ShardedOptimizer:
                 raise ValueError("`optimizer` must not be built yet (its state is sharded). "
                                  f"Received: optimizer={optimizer!r} (built)")
             name = type(optimizer).__name__
-            if name not in ELEMENTWISE:
+            if name not in ELEMENTWISE + PER_TENSOR:
                 raise TypeError(
-                    f"{name} is not sharded: its update is not known to be elementwise "
-                    f"(Lamb and Adafactor reduce per tensor). Sharded optimizers: "
-                    f"{', '.join(ELEMENTWISE)}. Received: optimizer={name}")
+                    f"{name} is not sharded: only refopt's own optimizers are (their updates "
+                    f"are known to be elementwise or per tensor): "
+                    f"{', '.join(ELEMENTWISE + PER_TENSOR)}. Received: optimizer={name}")
             if mode not in MODES:
                 raise ValueError(f"`mode` must be one of {MODES}. Received: mode={mode!r}")
             if reduction not in ("sum", "mean"):
@@ -181,15 +258,9 @@ class ShardedOptimizer:
                     f"convention={optimizer.convention.name!r} with several clips in "
                     "sequence is not sharded yet; set one of clipvalue, clipnorm, "
                     "global_clipnorm.")
-            if kind in ("norm", "global"):
-                if optimizer.convention.clip_formula == "torch":
-                    raise NotImplementedError(
-                        "Norm clipping with PyTorch's formula is not sharded yet (its sum "
-                        "runs lanes across the whole tensor). Received: "
-                        f"convention={optimizer.convention.name!r}")
-                if any(v.dtype == np.float16 for v in variables):
-                    raise NotImplementedError(
-                        "Norm clipping over float16 variables is not sharded yet.")
+            if kind in ("norm", "global") and any(v.dtype == np.float16 for v in variables):
+                raise NotImplementedError(
+                    "Norm clipping over float16 variables is not sharded yet.")
             dtypes = list(dict.fromkeys(v.dtype for v in variables))
             if name == "Nadam" and len(dtypes) > 1:
                 raise NotImplementedError(
@@ -210,8 +281,13 @@ class ShardedOptimizer:
         self.iterations = optimizer.iterations
         R, K = comm.size, self.micro_batches
         self.micro_batch_ids = list(range(comm.rank * K // R, (comm.rank + 1) * K // R))
+        torch_norm = kind in ("norm", "global") and optimizer.convention.clip_formula == "torch"
+        self.layout = "tensor" if name in PER_TENSOR or torch_norm else "slice"
+        owners = (tensor_owners([v.nbytes for v in variables], R) if self.layout == "tensor"
+                  else None)
         self.groups = [_Group(dt, [i for i, v in enumerate(variables) if v.dtype == dt],
-                              variables, R, comm.rank) for dt in dtypes]
+                              variables, R, comm.rank, owners) for dt in dtypes]
+        self._buffers = {}
         self._build_local(optimizer.iterations)
 
     # ------------------------------------------------------------------ local optimizer
@@ -225,7 +301,8 @@ class ShardedOptimizer:
         pieces, owners = [], []
         for grp in self.groups:
             for i, start, _, n in grp.pieces:
-                pieces.append(self.variables[i].reshape(-1)[start:start + n])
+                pieces.append(self.variables[i] if self.layout == "tensor"
+                              else self.variables[i].reshape(-1)[start:start + n])
                 owners.append(i)
         excluded = [p for p, i in zip(pieces, owners) if id(self.variables[i]) in
                     proto._exclude_ids]
@@ -278,37 +355,85 @@ class ShardedOptimizer:
         if isinstance(proto._learning_rate, _schedules.LearningRateSchedule):
             proto._evaluate_schedule(proto._learning_rate, self.iterations)  # may raise
 
-    def _reduce(self, grp, micro_grads):
-        """This rank's slice of the step's gradient, summed in the mode's fixed order."""
-        comm, R = self.comm, self.comm.size
+    def _buffer(self, key, n, dtype):
+        """A buffer of ``n`` elements kept between steps (a fresh large array each step
+        costs page faults on every use)."""
+        buf = self._buffers.get(key)
+        if buf is None or buf.size != n or buf.dtype != dtype:
+            buf = self._buffers[key] = np.empty(n, dtype)
+        return buf
+
+    def _reduce(self, g, grp, micro_grads):
+        """This rank's slice of the step's gradient, summed in the mode's fixed order.
+
+        Exact: the rows are every rank's micro-batch slices, in micro-batch order; fast:
+        every rank's pre-sum (its micro-batches left to right), in rank order. The first
+        row is copied, the others added one by one. This rank's own rows are read in place.
+        """
+        comm, R, me = self.comm, self.comm.size, self.comm.rank
         dt = grp.dtype
-        rows = [[g[i].reshape(-1) for i in grp.positions] for g in micro_grads]
-        if self.mode == "fast":  # pre-sum this rank's micro-batches, left to right
-            total = [r.copy() for r in rows[0]]
-            for r in rows[1:]:
-                for t, x in zip(total, r):
-                    np.add(t, x, out=t)
-            rows = [total]
-        m = len(rows)
+        fast = self.mode == "fast"
+        rows = [[gr[i].reshape(-1) for i in grp.positions] for gr in micro_grads]
+        m = 1 if fast else len(rows)
         counts = grp.counts()
-        send = np.empty(m * grp.total, dt)
+        mine = counts[me]
+
+        def fill(dst, segs):  # one row of a slice: a micro-batch's, or the pre-sum
+            pos = 0
+            for k, start, n in segs:
+                out = dst[pos:pos + n]
+                out[...] = rows[0][k][start:start + n]
+                for r in rows[1:]:
+                    np.add(out, r[k][start:start + n], out=out)
+                pos += n
+
+        send = self._buffer((g, "send"), m * (grp.total - mine), dt)
         pos = 0
-        for d in range(R):  # block for rank d: its slice of each micro-batch, in order
-            lo_d, hi_d = grp.bounds[d], grp.bounds[d + 1]
-            for flat in rows:
-                for k in range(len(grp.positions)):
-                    a = max(grp.offsets[k], lo_d)
-                    b = min(grp.offsets[k + 1], hi_d)
-                    if b > a:
-                        send[pos:pos + b - a] = flat[k][a - grp.offsets[k]:b - grp.offsets[k]]
-                        pos += b - a
-        mine = grp.hi - grp.lo
-        recv = np.empty(R * m * mine, dt)
-        comm.alltoallv(send, [m * c for c in counts], recv, [m * mine] * R)
-        recv = recv.reshape(R * m, mine)  # rows in micro-batch (exact) or rank (fast) order
-        total = recv[0].copy()
-        for k in range(1, recv.shape[0]):
-            np.add(total, recv[k], out=total)
+        for d in range(R):  # the block for rank d: its slice of each row, in order
+            if d == me:
+                continue
+            segs = grp.segments(d)
+            if fast:
+                fill(send[pos:pos + counts[d]], segs)
+                pos += counts[d]
+                continue
+            for r in rows:
+                for k, start, n in segs:
+                    send[pos:pos + n] = r[k][start:start + n]
+                    pos += n
+        recv = self._buffer((g, "recv"), (R - 1) * m * mine, dt)
+        if R > 1:
+            comm.alltoallv(send, [0 if d == me else m * counts[d] for d in range(R)], recv,
+                           [0 if d == me else m * mine for d in range(R)])
+        mine_segs = grp.segments(me)
+        if fast:
+            own = self._buffer((g, "own"), mine, dt)
+            fill(own, mine_segs)
+            own_rows = [[(0, mine, own)]]
+        else:
+            own_rows = []
+            for r in rows:
+                pieces, pos = [], 0
+                for k, start, n in mine_segs:
+                    pieces.append((pos, n, r[k][start:start + n]))
+                    pos += n
+                own_rows.append(pieces)
+        total = self._buffer((g, "total"), mine, dt)
+        first, at = True, 0
+        for src in range(R):
+            for j in range(m):
+                if src == me:
+                    parts = own_rows[j]
+                else:
+                    parts = [(0, mine, recv[at:at + mine])]
+                    at += mine
+                for p, n, x in parts:
+                    out = total[p:p + n]
+                    if first:
+                        out[...] = x
+                    else:
+                        np.add(out, x, out=out)
+                first = False
         if self.reduction == "mean":
             np.divide(total, dt.type(self.micro_batches), out=total)
         return total
@@ -316,13 +441,16 @@ class ShardedOptimizer:
     def _clip(self, totals):
         """Clip every group's slice in place as the single-process step would."""
         proto = self.optimizer
-        kind, _ = _plan.clip_kind(proto)
+        kind, c = _plan.clip_kind(proto)
         if kind is None:
             return
         if kind == "value":
             for grp, total in zip(self.groups, totals):
                 c = _plan.clip_arrays(proto, grp.dtype, 0)[3]
                 np.maximum(np.minimum(total, c), -c, out=total)
+            return
+        if proto.convention.clip_formula == "torch":
+            self._clip_torch(totals, kind, c)
             return
         half = kind == "global" and proto.convention.clip_formula == "tf"
         parts = []
@@ -344,13 +472,21 @@ class ShardedOptimizer:
                                                grp.sizes[k], grp.dtype)
                           for k in range(len(grp.positions))], grp.dtype)
                 for g, grp in enumerate(self.groups)]
+        # a global norm adds the tensors' sums in ``variables`` order, as one process does
+        # (the "tensor" layout orders each group by owner)
+        by_var = {i: s[k] for grp, s in zip(self.groups, sums)
+                  for k, i in enumerate(grp.positions)}
+        in_order = [by_var[i] for i in range(len(self.variables))]
         gnorm = None
         if half:
             if len(self.groups) > 1:  # checked before any data moved, see apply_gradients
                 raise AssertionError
             dt = self.groups[0].dtype
             with np.errstate(all="ignore"):
-                gnorm = np.sqrt(np.sum(sums[0], dtype=dt) * dt.type(2.0))
+                gnorm = np.sqrt(np.sum(np.asarray(in_order, dt), dtype=dt) * dt.type(2.0))
+        elif kind == "global":  # optax: clip_by_global_norm over every dtype at once
+            self._clip_optax_global(totals, in_order)
+            return
         for grp, total, s in zip(self.groups, totals, sums):
             cmode, cden, cscale, cv = _plan.clip_arrays(proto, grp.dtype, len(s), s, gnorm)
             with np.errstate(all="ignore"):
@@ -367,6 +503,49 @@ class ShardedOptimizer:
                         np.multiply(x, cscale[k], out=x)
                     elif mode == 4:
                         np.multiply(x / cden[k], cv, out=x)
+
+    def _clip_optax_global(self, totals, sums):
+        """optax's ``clip_by_global_norm`` from every tensor's sum of squares (``sums``, in
+        ``variables`` order): the norm in the widest dtype, kept below the threshold, else
+        ``(g / norm) * c`` in each gradient's dtype
+        (:func:`refopt.reference.variants.clip_global_norm_variant`)."""
+        from refopt.reference._common import scalar
+
+        dtype = np.result_type(*[v.dtype for v in self.variables])
+        with np.errstate(all="ignore"):
+            norm = np.sqrt(np.sum(np.asarray(sums, dtype), dtype=dtype))
+            c = scalar(dtype, self.optimizer.global_clipnorm)
+            if norm < c:
+                return
+            for grp, total in zip(self.groups, totals):
+                dt = grp.dtype
+                np.multiply(total / dt.type(norm), dt.type(c), out=total)
+
+    def _clip_torch(self, totals, kind, c):
+        """PyTorch's norm clipping (``clip_grad_norm_``) in the ``"tensor"`` layout: each owner
+        takes the norms of its whole tensors in PyTorch's order; a global norm stacks every
+        rank's norms in ``get_total_norm``'s order (T numbers exchanged)."""
+        from refopt.reference import reductions as _red
+        from refopt.reference import variants as _variants
+
+        conv = self.optimizer.convention
+        owned = [(i, total[s:s + n].reshape(self.variables[i].shape))
+                 for grp, total in zip(self.groups, totals) for i, _, s, n in grp.pieces]
+        with np.errstate(all="ignore"):
+            if kind == "norm":
+                for _, x in owned:
+                    x[...] = _variants.clip_norm_variant(x, c, conv)
+                return
+            norms = {}
+            for part in self.comm.allgather_obj({i: _red.torch_vector_norm(x)
+                                                 for i, x in owned}):
+                norms.update(part)
+            dtypes = [v.dtype for v in self.variables]
+            dtype = np.result_type(*dtypes)
+            stacked = np.asarray([norms[k] for k in _red.torch_stack_order(dtypes)], dtype)
+            coef = _red.torch_clip_coef(_red.torch_vector_norm(stacked), c, dtype)
+            for _, x in owned:
+                x[...] = _red.torch_scale(x, coef)
 
     def apply_gradients(self, micro_grads):
         """One global step from this rank's micro-batch gradients (a collective).
@@ -403,12 +582,13 @@ class ShardedOptimizer:
             error = exc
         agree(self.comm, error)
         with np.errstate(all="ignore"):
-            totals = [self._reduce(grp, micro_grads) for grp in self.groups]
+            totals = [self._reduce(g, grp, micro_grads) for g, grp in enumerate(self.groups)]
         self._clip(totals)
         grads = []
         for grp, total in zip(self.groups, totals):
-            for _, _, s, n in grp.pieces:
-                grads.append(total[s:s + n])
+            for i, _, s, n in grp.pieces:
+                grads.append(total[s:s + n].reshape(self.variables[i].shape)
+                             if self.layout == "tensor" else total[s:s + n])
         if self.pieces:
             self.local.apply_gradients(list(zip(grads, self.pieces)))
         self._allgather_variables()
@@ -416,12 +596,16 @@ class ShardedOptimizer:
         return self.iterations
 
     def _allgather_variables(self):
-        for grp in self.groups:
+        if self.comm.size == 1:  # the pieces are views of the variables: nothing to gather
+            return
+        for g, grp in enumerate(self.groups):
             self._allgather_flat(grp, [self.variables[i].reshape(-1) for i in grp.positions],
-                                 self._group_pieces(grp))
+                                 self._group_pieces(grp), grp.sizes, grp.counts(),
+                                 buffers=g)
 
     def _group_pieces(self, grp):
-        """This rank's pieces (1-d views of the variables) of ``grp``, in slice order."""
+        """This rank's pieces (1-d views of the variables, or whole variables in the
+        ``"tensor"`` layout) of ``grp``, in slice order."""
         start = 0
         for g in self.groups:
             if g is grp:
@@ -429,14 +613,44 @@ class ShardedOptimizer:
             start += len(g.pieces)
         raise KeyError(grp)
 
-    def _allgather_flat(self, grp, outs, mine):
-        """Gather the groups' slices (``mine``: this rank's pieces, in order) into ``outs``
-        (one flat array per variable of the group)."""
-        send = np.concatenate(mine) if mine else np.zeros(0, grp.dtype)
-        recv = np.empty(grp.total, grp.dtype)
-        self.comm.allgatherv(send, recv, grp.counts())
-        for k, out in enumerate(outs):
-            out[:] = recv[grp.offsets[k]:grp.offsets[k + 1]]
+    def _slot_shape(self, name, shape):
+        """The shape of slot ``name`` of a variable of ``shape`` (Adafactor's factored
+        moments are smaller than their variable)."""
+        if name == "average":
+            return tuple(shape)
+        return tuple(self.optimizer.slot_shape(name, shape))
+
+    def _slot_layout(self, grp, name):
+        """``(sizes, counts)`` of slot ``name`` over ``grp``: each variable's slot size in the
+        group's order and each rank's number of slot elements. In the ``"slice"`` layout a
+        slot is cut as its variable (elementwise optimizers' slots have its shape)."""
+        if self.layout == "slice":
+            return grp.sizes, grp.counts()
+        sizes = [int(np.prod(self._slot_shape(name, shape))) for shape in grp.shapes]
+        counts = [0] * self.comm.size
+        for r, n in zip(grp.owners, sizes):
+            counts[r] += n
+        return sizes, counts
+
+    def _allgather_flat(self, grp, outs, mine, sizes, counts, buffers=None):
+        """Gather every rank's part of a group's flat buffer (``mine``: this rank's arrays,
+        in order) into ``outs`` (one flat array per variable of the group, ``sizes[k]``
+        elements each; ``counts``: each rank's number of elements); ``buffers``: a key to
+        keep the buffers between calls (the step's gather), None: fresh ones."""
+        me = self.comm.rank
+        if buffers is None:
+            send = np.empty(counts[me], grp.dtype)
+            recv = np.empty(sum(sizes), grp.dtype)
+        else:
+            send = self._buffer((buffers, "gather_send"), counts[me], grp.dtype)
+            recv = self._buffer((buffers, "gather_recv"), sum(sizes), grp.dtype)
+        if mine:
+            np.concatenate([m.reshape(-1) for m in mine], out=send)
+        self.comm.allgatherv(send, recv, counts)
+        start = 0
+        for n, out in zip(sizes, outs):
+            out[:] = recv[start:start + n]
+            start += n
 
     def gather_slot(self, name):
         """The full slot ``name`` (or ``"average"``) of every variable, on every rank.
@@ -446,7 +660,8 @@ class ShardedOptimizer:
         Returns
         -------
         list of ndarray
-            One array per variable (its shape and dtype), in ``variables`` order.
+            One array per variable, in ``variables`` order, in the slot's shape (the
+            variable's, or Adafactor's factored shapes) and the variable's dtype.
 
         Raises
         ------
@@ -456,10 +671,11 @@ class ShardedOptimizer:
         error = None if name in self.local.slot_names else KeyError(
             f"Unknown slot {name!r}; this optimizer has {list(self.local.slot_names)}")
         agree(self.comm, error)
-        out = [np.empty(v.shape, v.dtype) for v in self.variables]
+        out = [np.empty(self._slot_shape(name, v.shape), v.dtype) for v in self.variables]
         for grp in self.groups:
             mine = [self.local.get_slot(p, name) for p in self._group_pieces(grp)]
-            self._allgather_flat(grp, [out[i].reshape(-1) for i in grp.positions], mine)
+            self._allgather_flat(grp, [out[i].reshape(-1) for i in grp.positions], mine,
+                                 *self._slot_layout(grp, name))
         return out
 
     def finalize_variable_values(self):
@@ -474,7 +690,7 @@ class ShardedOptimizer:
     def save(self, directory):
         """Write a sharded checkpoint into ``directory`` (a collective).
 
-        Every rank writes ``shard-<rank>-of-<R>.npz`` (its slice of the parameters, of
+        Every rank writes ``shard-<rank>-of-<R>.npz`` (its part of the parameters, of
         every slot and EMA average), each atomically (a temporary file, then
         ``os.replace``); when all have succeeded, rank 0 writes ``manifest.json`` (the
         layout, ``iterations``, the optimizer's config, each shard's size and SHA-256) last,
@@ -496,10 +712,10 @@ class ShardedOptimizer:
         arrays = {}
         for g, grp in enumerate(self.groups):
             pieces = self._group_pieces(grp)
-            arrays[f"g{g}_param"] = (np.concatenate(pieces) if pieces
+            arrays[f"g{g}_param"] = (np.concatenate([p.reshape(-1) for p in pieces]) if pieces
                                      else np.zeros(0, grp.dtype))
             for slot in self.local.slot_names:
-                mine = [self.local.get_slot(p, slot) for p in pieces]
+                mine = [self.local.get_slot(p, slot).reshape(-1) for p in pieces]
                 arrays[f"g{g}_{slot}"] = np.concatenate(mine) if mine else np.zeros(0, grp.dtype)
         error, digest = None, None
         try:
@@ -527,8 +743,10 @@ class ShardedOptimizer:
                 "optimizer": type(self.optimizer).__name__,
                 "config": _jsonable(self.optimizer.get_config()),
                 "slots": list(self.local.slot_names),
-                "groups": [{"dtype": grp.dtype.str, "sizes": grp.sizes, "bounds": grp.bounds}
-                           for grp in self.groups],
+                "layout": self.layout,
+                "groups": [{"dtype": grp.dtype.str, "positions": grp.positions,
+                            "shapes": [list(sh) for sh in grp.shapes], "sizes": grp.sizes,
+                            "bounds": grp.bounds} for grp in self.groups],
                 "shards": [{"file": n, "sha256": h, "bytes": b} for n, h, b in shards],
             }
             try:
@@ -547,8 +765,8 @@ class ShardedOptimizer:
         collective); all or nothing on every rank.
 
         The layout is re-sharded to this run's R. Every rank checks the manifest against
-        this optimizer (class, slots, dtypes and sizes of the variables) and every shard's
-        size and SHA-256 before anything is written; then sets the variables, its slices of
+        this optimizer (class, slots, dtypes and shapes of the variables) and every shard's
+        size and SHA-256 before anything is written; then sets the variables, its parts of
         every slot and average, and ``iterations``.
 
         Raises
@@ -569,7 +787,7 @@ class ShardedOptimizer:
         import json
         import os
 
-        error, flat = None, None
+        error, per_var = None, None
         try:
             path = os.path.join(directory, "manifest.json")
             if not os.path.exists(path):
@@ -577,15 +795,24 @@ class ShardedOptimizer:
                                         "sharded checkpoint (the manifest is written last).")
             with open(path) as f:
                 man = json.load(f)
-            want = [{"dtype": grp.dtype.str, "sizes": grp.sizes} for grp in self.groups]
-            have = [{"dtype": g["dtype"], "sizes": g["sizes"]} for g in man["groups"]]
-            if (man["optimizer"] != type(self.optimizer).__name__ or want != have
+            saved = []  # per group: (dtype, positions in the saved flat order, shapes)
+            for grp, g in zip(self.groups, man["groups"]):
+                positions = g.get("positions", sorted(grp.positions))
+                shapes = ([tuple(sh) for sh in g["shapes"]] if "shapes" in g
+                          else [self.variables[i].shape for i in positions])
+                saved.append((g["dtype"], positions, shapes))
+            want = [sorted((i, grp.dtype.str, tuple(self.variables[i].shape))
+                           for i in grp.positions) for grp in self.groups]
+            have = [sorted((i, dt, sh) for i, sh in zip(pos, shapes))
+                    for dt, pos, shapes in saved]
+            if (man["optimizer"] != type(self.optimizer).__name__
+                    or len(man["groups"]) != len(self.groups) or want != have
                     or man["slots"] != list(self.local.slot_names)):
                 raise ValueError(
                     f"The checkpoint in {directory!r} is of {man['optimizer']} with slots "
-                    f"{man['slots']} over variables {have}; this optimizer is "
-                    f"{type(self.optimizer).__name__} with slots {list(self.local.slot_names)}"
-                    f" over {want}.")
+                    f"{man['slots']} over variables (position, dtype, shape) {have}; this "
+                    f"optimizer is {type(self.optimizer).__name__} with slots "
+                    f"{list(self.local.slot_names)} over {want}.")
             files = []
             for shard in man["shards"]:
                 p = os.path.join(directory, shard["file"])
@@ -602,30 +829,37 @@ class ShardedOptimizer:
                         "with the SHA-256 in manifest.json.")
                 with np.load(io.BytesIO(data)) as z:
                     files.append({k: z[k] for k in z.files})
-            flat = {}
-            for g, grp in enumerate(self.groups):
+            per_var = {}  # (variable, "param" or slot) -> its whole flat array
+            for g, (grp, (_, positions, shapes)) in enumerate(zip(self.groups, saved)):
                 for key in ["param"] + list(self.local.slot_names):
                     full = np.concatenate([f[f"g{g}_{key}"] for f in files])
-                    if full.shape != (grp.total,) or full.dtype != grp.dtype:
-                        raise ValueError(f"The checkpoint's {key!r} of dtype {grp.dtype} has "
-                                         f"shape {full.shape}, dtype {full.dtype}; expected "
-                                         f"({grp.total},) {grp.dtype}.")
-                    flat[(g, key)] = full
+                    sizes = [int(np.prod(sh if key == "param" else self._slot_shape(key, sh)))
+                             for sh in shapes]
+                    if full.shape != (sum(sizes),) or full.dtype != grp.dtype:
+                        raise ValueError(
+                            f"The checkpoint's {key!r} of dtype {grp.dtype} has shape "
+                            f"{full.shape}, dtype {full.dtype}; expected ({sum(sizes)},) "
+                            f"{grp.dtype}.")
+                    start = 0
+                    for i, n in zip(positions, sizes):
+                        per_var[(i, key)] = full[start:start + n]
+                        start += n
         except (OSError, ValueError, KeyError) as exc:
             error = exc
         agree(self.comm, error)
         # nothing can fail from here on
         self.iterations = int(man["iterations"])
-        for g, grp in enumerate(self.groups):
-            full = flat[(g, "param")]
-            for k, i in enumerate(grp.positions):
-                self.variables[i].reshape(-1)[:] = full[grp.offsets[k]:grp.offsets[k + 1]]
+        for grp in self.groups:
+            for i in grp.positions:
+                self.variables[i].reshape(-1)[:] = per_var[(i, "param")]
         self._build_local(self.iterations)
-        for g, grp in enumerate(self.groups):
-            for slot in self.local.slot_names:
-                full = flat[(g, slot)]
-                for p, (_, _, s, n) in zip(self._group_pieces(grp), grp.pieces):
-                    self.local.get_slot(p, slot)[:] = full[grp.lo + s:grp.lo + s + n]
+        for grp in self.groups:
+            for p, (i, start, _, n) in zip(self._group_pieces(grp), grp.pieces):
+                for slot in self.local.slot_names:
+                    full = per_var[(i, slot)]
+                    dst = self.local.get_slot(p, slot)
+                    src = full if self.layout == "tensor" else full[start:start + n]
+                    np.copyto(dst, src.reshape(dst.shape))
 
 
 def _jsonable(config):

@@ -634,7 +634,10 @@ def _fused(opt, positions, grads, lr_value, kc):
         buf = state.buffers[dt]
         slots = [buf[name] for name in rc.rule.slots]
         calls.append((drivers.launch_dense, (ks_, segs, clips, params, gs, slots,
-                                             buf.get("average", slots[0]), pl.overwrite,
+                                             # without EMA a 1-d placeholder, never read
+                                             # (a slot-less rule has no slot to lend)
+                                             buf.get("average", slots[0] if slots
+                                                     else params[0].ravel()), pl.overwrite,
                                              pl.psc, rc.sc), {}))
     return calls
 

@@ -115,7 +115,10 @@ def compute(opt, present, lr_value):
     variables = [v for _, v in present]
     conv = opt.convention
     grads = clip(opt, grads)
-    if not conv.keras3_sparse_square:  # the bug needs the raw duplicates
+    # the Keras 3 bug and the optimizers that apply each occurrence in turn (FBGEMM's
+    # approximate row-wise Adagrad: RowWiseAdagrad(exact=False)) need the raw duplicates
+    keeps = getattr(opt, "_keeps_duplicates", None)
+    if not (conv.keras3_sparse_square or (keeps is not None and keeps())):
         grads = [g.deduplicate() if isinstance(g, IndexedSlices) else g for g in grads]
     overwrite = bool(opt.ema_overwrite_frequency
                      and (opt._iterations + 1) % opt.ema_overwrite_frequency == 0)

@@ -8,12 +8,14 @@ from refopt.optimizers.adamax import Adamax
 from refopt.optimizers.asgd import ASGD
 from refopt.optimizers.base import Optimizer
 from refopt.optimizers.ftrl import Ftrl
+from refopt.optimizers.proximal import ProximalAdagrad, ProximalGradientDescent
 from refopt.optimizers.lamb import Lamb
 from refopt.optimizers.lion import Lion
 from refopt.optimizers.nadam import Nadam
 from refopt.optimizers.radam import RAdam
 from refopt.optimizers.rmsprop import RMSprop
 from refopt.optimizers.rprop import Rprop
+from refopt.optimizers.rowwise_adagrad import RowWiseAdagrad
 from refopt.optimizers.sgd import SGD
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "AdamW",
     "Adamax",
     "Ftrl",
+    "ProximalAdagrad",
+    "ProximalGradientDescent",
     "Lamb",
     "LazyAdam",
     "Lion",
@@ -33,5 +37,6 @@ __all__ = [
     "RAdam",
     "RMSprop",
     "Rprop",
+    "RowWiseAdagrad",
     "SGD",
 ]

@@ -201,9 +201,24 @@ class Adafactor(Optimizer):
         return dict(factored=self.factored, min_dim_size_to_factor=self.min_dim_size_to_factor)
 
     def slot_shape(self, name, shape):
+        """The framework's shape of slot ``name`` (:func:`adafactor_slot_shapes
+        <refopt.reference.adafactor.adafactor_slot_shapes>`); ``"average"`` (the EMA of the
+        weights, with ``use_ema``) has the variable's own shape.
+
+        Raises
+        ------
+        KeyError
+            If ``name`` is not one of :attr:`slot_names`.
+        """
         from refopt.reference.adafactor import adafactor_slot_shapes
 
-        return adafactor_slot_shapes(shape, self.convention, **self._optax_options())[name]
+        if name == "average" and self.use_ema:
+            return tuple(shape)
+        shapes = adafactor_slot_shapes(shape, self.convention, **self._optax_options())
+        if name not in shapes:
+            raise KeyError(f"Adafactor has no slot {name!r}; its slots are "
+                           f"{list(self.slot_names)}.")
+        return shapes[name]
 
     def _decay_mode(self):
         form = self.convention.adafactor_form

@@ -103,7 +103,7 @@ def _check_convention(convention):
     return get_convention(convention)
 
 
-def optimizer_form(conv, optimizer):
+def optimizer_form(conv, optimizer, knob=None):
     """The form of ``optimizer`` under ``conv`` (its ``<optimizer>_form`` knob, e.g.
     ``conv.adamax_form``).
 
@@ -112,6 +112,8 @@ def optimizer_form(conv, optimizer):
     conv : refopt.conventions.Convention
     optimizer : str
         The class name (``"Adamax"``); the knob is its lower case plus ``_form``.
+    knob : str, optional
+        The knob's name where it is not that (``"rowwise_adagrad_form"``).
 
     Returns
     -------
@@ -126,7 +128,7 @@ def optimizer_form(conv, optimizer):
     """
     from refopt.conventions import PRESETS
 
-    knob = f"{optimizer.lower()}_form"
+    knob = knob or f"{optimizer.lower()}_form"
     form = getattr(conv, knob)
     if form == "none":
         having = [name for name, preset in PRESETS.items() if getattr(preset, knob) != "none"]
@@ -408,10 +410,25 @@ class Optimizer:
             warnings.warn(
                 f"learning_rate={value!r} underflows to 0 in float32 "
                 f"(convention={self.convention.name!r}: {which}).",
-                UserWarning, stacklevel=3)
+                UserWarning, stacklevel=self._user_stacklevel())
         if self.convention.learning_rate_cast != "float32":  # a Python float (torch, optax)
             rounded = float(value)
         self._learning_rate = rounded
+
+    @staticmethod
+    def _user_stacklevel():
+        """The ``stacklevel`` that makes a warning raised by the caller of this function
+        point at the first frame outside the refopt package: the user's line, however many
+        refopt frames (a subclass's ``__init__``, ``from_config``, a setter) lie between."""
+        import os
+        import sys
+
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+        frame, level = sys._getframe(1), 1  # the function that warns is stacklevel 1
+        while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+                package):
+            frame, level = frame.f_back, level + 1
+        return level
 
     def _evaluate_schedule(self, schedule, step=None):
         step = self._iterations if step is None else step
@@ -826,7 +843,9 @@ class Optimizer:
         """
         if not self.use_ema:
             return
-        self._executor.finalize(self, [self._position(v) for v in var_list])
+        positions = [self._position(v) for v in var_list]
+        self._executor.finalize(self, positions)
+        _foreign.touched(self, positions)  # torch tensors written in place: bump versions
 
     # ----------------------------------------------------------------- state in memory
     #: ``get_config`` keys that do not change the numbers: a state loads across them.
@@ -854,12 +873,15 @@ class Optimizer:
             slot's shape (:meth:`slot_shape`: Adafactor's factored moments are smaller)
             and the variable's dtype; empty when not built); ``"variable_steps"`` (list of
             int, one per built variable: PyTorch's per-variable step counts, see the
-            ``step_counter`` knob; empty when not built).
+            ``step_counter`` knob; empty when not built); ``"excluded_from_weight_decay"``
+            (list of int: the build-order positions of the variables given to
+            :meth:`exclude_from_weight_decay`, ascending; empty when not built, since the
+            exclusions of an optimizer not built name arrays, not positions).
 
         Notes
         -----
         The variables themselves are not part of the state (as in torch and Keras):
-        they are the caller's arrays. ``exclude_from_weight_decay`` is not saved either.
+        they are the caller's arrays.
 
         Examples
         --------
@@ -892,7 +914,47 @@ class Optimizer:
             "slot_names": names,
             "slots": slots,
             "variable_steps": [int(k) for k in self._var_steps] if self._built else [],
+            "excluded_from_weight_decay": self._excluded_positions(self._vars),
         }
+
+    def _excluded_positions(self, var_list):
+        """The positions in ``var_list`` of the variables excluded from weight decay."""
+        return [i for i, v in enumerate(var_list) if id(v) in self._exclude_ids]
+
+    def _check_excluded(self, excluded, n, var_list, in_place, where):
+        """Saved exclusions (positions) against ``var_list``, the variables the state is
+        loaded for: the ``(ids, refs)`` to set, or None to keep this optimizer's; ValueError
+        naming ``where`` when they are malformed or disagree with exclusions already set.
+
+        ``in_place``: ``var_list`` is what this optimizer is built with (its exclusions are
+        fixed then); otherwise exclusions set before building must equal the saved ones, and
+        an optimizer without any takes the saved ones."""
+        if excluded is None:  # absent (a state written before exclusions were saved)
+            return None
+        if isinstance(excluded, np.ndarray):
+            excluded = excluded.tolist()
+        if not isinstance(excluded, (list, tuple)) or not all(
+                isinstance(k, numbers.Integral) and not isinstance(k, (bool, np.bool_))
+                for k in excluded):
+            raise ValueError(f"`{where}` must be a list of variable positions (integers). "
+                             f"Received: {excluded!r}")
+        saved = sorted(int(k) for k in excluded)
+        if len(set(saved)) != len(saved) or any(not 0 <= k < n for k in saved):
+            raise ValueError(f"`{where}` must hold distinct positions in [0, {n}) (the state "
+                             f"has {n} variables). Received: {list(excluded)!r}")
+        current = self._excluded_positions(var_list)
+        if (in_place or self._exclude_ids) and current != saved:
+            fix = ("load the state into a new optimizer" if in_place else
+                   "call exclude_from_weight_decay with the same variables, or not at all "
+                   "(the saved exclusions are then applied)")
+            raise ValueError(
+                f"`{where}` excludes the variables at positions {saved} from weight decay; "
+                f"this optimizer excludes those at positions {current} of the variables given "
+                f"(exclude_from_weight_decay); {fix}.")
+        if in_place or self._exclude_ids:
+            return None
+        refs = [var_list[k] for k in saved]
+        return {id(v) for v in refs}, refs
 
     def _config_differences(self, config):
         """The numbers-relevant differences between ``config`` (a saved :meth:`get_config`)
@@ -956,7 +1018,9 @@ class Optimizer:
             the number of variables or a slot's shape or dtype differ (the message names the
             slot and the variable); ``var_list`` is missing or is not the list this optimizer
             was built with; an invalid ``iterations``, ``variable_steps`` or
-            ``learning_rate``. Plus what :meth:`build` raises for a bad ``var_list``.
+            ``learning_rate``; ``"excluded_from_weight_decay"`` not distinct positions of
+            the variables, or other positions than this optimizer's own exclusions. Plus what
+            :meth:`build` raises for a bad ``var_list``.
 
         Notes
         -----
@@ -968,6 +1032,11 @@ class Optimizer:
         setter stores it, rounded to float32 under the Keras and TF conventions). A state saved before building, loaded into a
         built optimizer, un-builds it (as torch's ``load_state_dict`` with an empty state
         forgets the per-parameter state), or rebuilds it on ``var_list`` if given.
+
+        ``"excluded_from_weight_decay"`` (optional: absent in states saved before it existed,
+        which then keep this optimizer's own exclusions): an optimizer built here takes the
+        saved exclusions, unless :meth:`exclude_from_weight_decay` was called on it, and then
+        the two must name the same positions; a built optimizer's must equal them.
         """
         sd = state_dict
         if not isinstance(sd, dict):
@@ -1052,6 +1121,19 @@ class Optimizer:
         if built and n is not None and self._built and len(self._vars) != n:
             raise ValueError(f"`state_dict` holds the state of {n} variables; this optimizer "
                              f"is built with {len(self._vars)}.")
+        excluded = sd.get("excluded_from_weight_decay")
+        exclusions = None
+        if built:
+            in_place = self._built and (var_list is None or [id(v) for v in var_list]
+                                        == [id(v) for v in self._vars])
+            targets = self._vars if in_place else var_list
+            exclusions = self._check_excluded(
+                excluded, len(targets) if n is None else n, targets, in_place,
+                "state_dict['excluded_from_weight_decay']")
+        elif excluded is not None and (not isinstance(excluded, (list, tuple, np.ndarray))
+                                       or len(excluded)):
+            raise ValueError("`state_dict['excluded_from_weight_decay']` must be empty when "
+                             f"`built` is False. Received: {excluded!r}")
 
         schedule = isinstance(self._learning_rate, _schedules.LearningRateSchedule)
         if lr is None and schedule:  # a hand-made state: the schedule's value at `iterations`
@@ -1061,6 +1143,8 @@ class Optimizer:
             if self._built and (not built or var_list is not None
                                 and [id(v) for v in var_list] != [id(v) for v in self._vars]):
                 self._reset_state()  # a state saved before building: forget the variables
+            if exclusions is not None:  # before the build: nothing may depend on it earlier
+                self._exclude_ids, self._exclude_refs = exclusions
             if not self._built and var_list is not None:
                 self.build(var_list)
             values = []

@@ -32,6 +32,13 @@ from refopt.reference.clipping import (
 )
 from refopt.reference.ema import ema_update
 from refopt.reference.ftrl import FtrlResult, ftrl_initial_state, ftrl_update
+from refopt.reference.proximal import (
+    ProximalAdagradResult,
+    ProximalGradientDescentResult,
+    proximal_adagrad_initial_state,
+    proximal_adagrad_update,
+    proximal_gradient_descent_update,
+)
 from refopt.reference.lazy_adam import lazy_adam_update
 from refopt.reference.lion import LionResult, lion_initial_state, lion_update
 from refopt.reference.radam import RAdamResult, radam_initial_state, radam_update
@@ -40,6 +47,13 @@ from refopt.reference.rmsprop import (
     initial_velocity,
     rmsprop_initial_state,
     rmsprop_update,
+)
+from refopt.reference.rowwise_adagrad import (
+    RowWiseAdagradResult,
+    rowwise_adagrad_initial_state,
+    rowwise_adagrad_rows,
+    rowwise_adagrad_sequential_update,
+    rowwise_adagrad_update,
 )
 from refopt.reference.sgd import SGDResult, sgd_update
 from refopt.reference.weight_decay import apply_weight_decay
@@ -82,6 +96,11 @@ __all__ = [
     "FtrlResult",
     "ftrl_initial_state",
     "ftrl_update",
+    "ProximalAdagradResult",
+    "ProximalGradientDescentResult",
+    "proximal_adagrad_initial_state",
+    "proximal_adagrad_update",
+    "proximal_gradient_descent_update",
     "global_norm",
     "initial_accumulator",
     "initial_velocity",
@@ -94,5 +113,10 @@ __all__ = [
     "radam_update",
     "rmsprop_initial_state",
     "rmsprop_update",
+    "RowWiseAdagradResult",
+    "rowwise_adagrad_initial_state",
+    "rowwise_adagrad_rows",
+    "rowwise_adagrad_sequential_update",
+    "rowwise_adagrad_update",
     "sgd_update",
 ]

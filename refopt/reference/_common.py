@@ -189,7 +189,21 @@ def tf_cast(dtype, x):
         return np.dtype(dtype).type(np.float32(x))
 
 
-def lr_cast(dtype, learning_rate):
-    """The learning rate as tf-keras sees it: a float32 variable cast to ``dtype``."""
+def lr_cast(dtype, learning_rate, name="learning_rate"):
+    """The learning rate as tf-keras sees it: a float32 variable cast to ``dtype``.
+
+    Raises
+    ------
+    ValueError
+        A finite ``learning_rate`` that overflows float32 (``1e40``): the framework's float32
+        variable would hold inf, and the optimizer classes refuse such a rate ("must be
+        finite in float32"); so does every reference function of a convention that stores
+        the rate in float32 (``Convention.learning_rate_cast == "float32"``). ``name`` is
+        the argument named in the message.
+    """
     with np.errstate(over="ignore"):
-        return np.dtype(dtype).type(np.float32(learning_rate))
+        rate = np.float32(learning_rate)
+    if not np.isfinite(rate) and np.isfinite(learning_rate):
+        raise ValueError(f"`{name}` must be finite in float32 (it is stored as float32, as "
+                         f"the framework does). Received: {name}={learning_rate!r}")
+    return np.dtype(dtype).type(rate)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refopt.reference._common import as_float_array, check_like, check_scalar, scalar
+from refopt.reference._common import as_float_array, check_like, check_real, scalar
 
 __all__ = ["ema_update"]
 
@@ -33,7 +33,8 @@ def ema_update(average, param, *, ema_momentum):
     ------
     TypeError, ValueError
         If an array is not a float16/32/64 ndarray, the two do not match, or
-        ``ema_momentum`` is not a real number.
+        ``ema_momentum`` is not a real number in [0, 1] (the optimizers' ``ema_momentum``
+        check, with the same messages).
 
     Notes
     -----
@@ -45,7 +46,7 @@ def ema_update(average, param, *, ema_momentum):
     """
     average = as_float_array("average", average)
     param = check_like(average, "param", param)
-    check_scalar("ema_momentum", ema_momentum)
+    check_real("ema_momentum", ema_momentum, low=0, high=1)  # the classes' range
     dtype = average.dtype
     mu = scalar(dtype, ema_momentum)
     one_minus_mu = scalar(dtype, 1 - ema_momentum)

@@ -366,9 +366,9 @@ def _has_weight_decay(cls, conv):
 
 
 def _float_learning_rates():
-    """0, or a rate in [1.4e-45, 1] (below float32's smallest subnormal a rate is 0 in float32,
-    which the optimizers accept with a warning: a degenerate case, not drawn)."""
-    return st.just(0.0) | st.floats(float(np.finfo(np.float32).smallest_subnormal), 1.0)
+    """Rates in [0, 1]; one that is 0 in float32 (below float32's smallest subnormal) is drawn as
+    0.0 itself: the optimizers accept such a rate only with a warning (a degenerate case)."""
+    return st.floats(0.0, 1.0).map(lambda x: 0.0 if np.float32(x) == 0 else x)
 
 
 @st.composite
@@ -396,6 +396,12 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
             out["initial_accumulator_value"] = draw(st.floats(0.0, 1.0))
             out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-10,
                                             1e-3))
+    elif issubclass(cls, _optimizers.RowWiseAdagrad):  # FBGEMM's: its own decay modes
+        out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-10, 1e-3))
+        out["exact"] = draw(st.booleans())
+        out["weight_decay_mode"] = draw(st.sampled_from(["none", "l2", "decoupled"]))
+        if weight_decay and out["weight_decay_mode"] != "none":
+            out["weight_decay"] = draw(st.floats(0.0, 1.0))
     elif issubclass(cls, _optimizers.Adamax):
         beta = st.floats(0.0, 0.999 if dtype.name == "float16" else 0.9999)
         out["beta_1"] = draw(beta)
@@ -447,12 +453,18 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
     elif issubclass(cls, _optimizers.Rprop):
         out["etas"] = (draw(st.floats(0.1, 0.9)), draw(st.floats(1.1, 2.0)))
         out["step_sizes"] = (draw(st.floats(0.0, 1e-3)), draw(st.floats(1.0, 50.0)))
+    elif issubclass(cls, (_optimizers.ProximalAdagrad, _optimizers.ProximalGradientDescent)):
+        if issubclass(cls, _optimizers.ProximalAdagrad):  # TF1: a start > 0
+            out["initial_accumulator_value"] = draw(st.floats(0.01, 1.0))
+        out["l1_regularization_strength"] = draw(st.sampled_from([0.0, 0.01, 0.1]))
+        out["l2_regularization_strength"] = draw(st.sampled_from([0.0, 0.05]))
     elif issubclass(cls, _optimizers.SGD):
         out["momentum"] = draw(st.floats(0.0, 1.0))
         out["nesterov"] = draw(st.booleans())
     if optimizer == "AdamW":
         out["weight_decay"] = draw(st.floats(0.0, 1.0))
-    elif weight_decay and _has_weight_decay(cls, conv):
+    elif weight_decay and _has_weight_decay(cls, conv) and not issubclass(
+            cls, _optimizers.RowWiseAdagrad):
         wd = draw(st.none() | st.floats(0.0, 1.0))
         if wd is not None:
             out["weight_decay"] = wd

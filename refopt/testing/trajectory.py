@@ -28,7 +28,9 @@ __all__ = ["OPTIMIZERS", "State", "Trajectory", "default_convention", "optimizer
 #: The optimizers the toolkit draws hyperparameters for (any refopt optimizer class name works
 #: for :class:`Trajectory` and :func:`run_reference`).
 OPTIMIZERS = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad", "Adadelta", "Adamax",
-              "Nadam", "Adafactor", "Lion", "Lamb", "Ftrl", "RAdam", "ASGD", "Rprop")
+              "Nadam", "Adafactor", "Lion", "Lamb", "Ftrl", "RAdam", "ASGD", "Rprop",
+              "ProximalAdagrad", "ProximalGradientDescent")
+OPTIMIZERS += ("RowWiseAdagrad",)
 _FLOAT_DTYPES = ("float16", "float32", "float64")
 
 

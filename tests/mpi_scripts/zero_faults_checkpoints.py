@@ -2,13 +2,17 @@
 
 Options combine, in this order. ``--faults``: rank R-1 (or the only rank) passes a gradient of the wrong shape; every rank
 must raise the same ValueError and keep its variables and state. ``--save DIR``: two steps,
-then save. ``--resume DIR``: load (saved with any R), two more steps, compare with four
+then save. ``--kill-rank r``: then rank r kills itself (SIGKILL) in the middle of the
+third step, inside its first exchange (the other ranks are then waiting in it); rank 0 has
+printed its JSON line before. ``--resume DIR``: load (saved with any R), two more steps, compare with four
 single-process steps bit for bit. ``--expect-load-error DIR...``: loading each must raise on every
 rank (the same message) and change nothing. Rank 0 prints one JSON line.
 """
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 import numpy as np
@@ -20,11 +24,17 @@ import refopt
 from refopt.distributed import MPIComm, ShardedOptimizer
 
 
-def make(comm):
-    opt = refopt.Adam(learning_rate=0.01, global_clipnorm=1.0, use_ema=True, amsgrad=True,
-                      backend="reference")
+def new_optimizers():
+    """The checkpointed optimizers: the "slice" layout, and the "tensor" layout (Adafactor's
+    factored slots, PyTorch's global norm), whose order of tensors depends on R."""
+    return [refopt.Adam(learning_rate=0.01, global_clipnorm=1.0, use_ema=True, amsgrad=True,
+                        backend="reference"),
+            refopt.Adafactor(convention="torch", global_clipnorm=1.0, backend="reference")]
+
+
+def make(comm, which=0):
     dv = variables(["float32"])
-    return ShardedOptimizer(opt, dv, micro_batches=K, comm=comm), dv
+    return ShardedOptimizer(new_optimizers()[which], dv, micro_batches=K, comm=comm), dv
 
 
 def step(dist, dv, s):
@@ -43,6 +53,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--faults", action="store_true")
     p.add_argument("--save")
+    p.add_argument("--kill-rank", type=int)
     p.add_argument("--resume")
     p.add_argument("--expect-load-error", nargs="+", default=[])
     args = p.parse_args()
@@ -70,19 +81,33 @@ def main():
         for s in range(dist.iterations, 2):
             step(dist, dv, s)
         dist.save(args.save)
-    if args.resume:
-        dist.load(args.resume)
+        other, other_dv = make(comm, 1)
+        step(other, other_dv, 0)
+        step(other, other_dv, 1)
+        other.save(args.save + "-tensor")
+    if args.kill_rank is not None:
+        if comm.rank == 0:
+            print(json.dumps(out), flush=True)
+        if comm.rank == args.kill_rank:
+            def die(*_):
+                os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no MPI_Finalize
+            dist.comm.alltoallv = die
         step(dist, dv, 2)
-        step(dist, dv, 3)
-        single_vars = variables(["float32"])
-        single = refopt.Adam(learning_rate=0.01, global_clipnorm=1.0, use_ema=True,
-                             amsgrad=True, backend="reference")
-        for s in range(4):
-            single.apply_gradients(zip(summed(single_vars, s, "sum"), single_vars))
-        expect = [v.copy() for v in single_vars] + [
-            single.get_slot(v, s) for s in dist.slot_names for v in single_vars]
-        if not same(expect, snapshot(dist, dv)) or dist.iterations != 4:
-            raise AssertionError("resumed run differs from the single-process run")
+        raise AssertionError("a step went through with a rank killed")
+    if args.resume:
+        for which, directory in enumerate([args.resume, args.resume + "-tensor"]):
+            d, d_vars = (dist, dv) if which == 0 else make(comm, 1)
+            d.load(directory)
+            step(d, d_vars, 2)
+            step(d, d_vars, 3)
+            single_vars = variables(["float32"])
+            single = new_optimizers()[which]
+            for s in range(4):
+                single.apply_gradients(zip(summed(single_vars, s, "sum"), single_vars))
+            expect = [v.copy() for v in single_vars] + [
+                single.get_slot(v, s) for s in d.slot_names for v in single_vars]
+            if not same(expect, snapshot(d, d_vars)) or d.iterations != 4:
+                raise AssertionError(f"resumed run {which} differs from the single-process run")
         out["resumed"] = True
     out["load_errors"] = []
     for directory in args.expect_load_error:

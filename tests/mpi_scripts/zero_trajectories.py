@@ -67,12 +67,29 @@ CASES = [
     ("Ftrl", {"l1_regularization_strength": 0.01}, "keras2", ["float32"], "sum"),
     ("Rprop", {}, "torch", ["float32"], "sum"),
     ("ASGD", {}, "torch", ["float64"], "mean"),
+    # PyTorch's norm clipping: lanes across a whole tensor, so the "tensor" layout
+    ("AdamW", {"clipnorm": 0.5}, "torch", ["float32"], "sum"),
+    ("SGD", {"momentum": 0.9, "global_clipnorm": 1.0}, "torch", ["float32", "float64"],
+     "sum"),
+    # per-tensor updates: the "tensor" layout
+    ("Lamb", {"global_clipnorm": 1.0, "use_ema": True, "weight_decay": 0.01}, "keras3",
+     ["float32"], "sum"),
+    ("Lamb", {"weight_decay": 0.01, "global_clipnorm": 1.0}, "optax", ["float32", "float64"],
+     "mean"),
+    ("Adafactor", {"clipnorm": 1.0, "weight_decay": 0.01}, "tf_keras", ["float32"], "sum"),
+    ("Adafactor", {"use_ema": True}, "keras3", ["float64"], "sum"),
+    ("Adafactor", {"global_clipnorm": 1.0, "weight_decay": 0.01}, "torch", ["float32"],
+     "sum"),
+    ("Adafactor", {"min_dim_size_to_factor": 4, "learning_rate": None}, "optax",
+     ["float32"], "sum"),
 ]
 
 
 def run_case(comm, name, kwargs, convention, dtypes, reduction, backend, steps, mode):
     kwargs = dict(kwargs)
     kwargs.setdefault("learning_rate", 0.01)
+    if kwargs["learning_rate"] is None:  # optax's Adafactor: no learning-rate scaling
+        del kwargs["learning_rate"]
     cls = getattr(refopt, name)
     single_vars = variables(dtypes)
     dist_vars = variables(dtypes)
@@ -95,7 +112,7 @@ def run_case(comm, name, kwargs, convention, dtypes, reduction, backend, steps, 
         raise AssertionError("iterations differ")
     single_bytes = sum(single.get_slot(v, s).nbytes for v in single_vars
                        for s in single.slot_names)
-    return dist.state_nbytes(), single_bytes
+    return dist.state_nbytes(), single_bytes, dist.layout
 
 
 def main():
@@ -111,9 +128,9 @@ def main():
     for case in CASES:
         if args.cases != "all" and case[0] not in args.cases.split(","):
             continue
-        mine, single = run_case(comm, *case, args.backend, args.steps, args.mode)
+        mine, single, layout = run_case(comm, *case, args.backend, args.steps, args.mode)
         report.append({"case": f"{case[0]}/{case[2]}", "state_bytes": comm.allgather_obj(mine),
-                       "single_bytes": single})
+                       "single_bytes": single, "layout": layout})
     if comm.rank == 0:
         print(json.dumps({"ranks": comm.size, "cases": report}), flush=True)
 

@@ -23,6 +23,13 @@ from refopt.kernels.cpu.adamax import adamax_update
 from refopt.kernels.cpu.nadam import nadam_update
 from refopt.kernels.cpu.asgd import asgd_update
 from refopt.kernels.cpu.rprop import rprop_update
+from refopt.kernels.cpu.rowwise_adagrad import (
+    RowWiseAdagradResult,
+    rowwise_adagrad_initial_state,
+    rowwise_adagrad_rows,
+    rowwise_adagrad_sequential_update,
+    rowwise_adagrad_update,
+)
 from refopt.kernels.cpu.clipping import (
     clip_by_global_norm,
     clip_by_norm,
@@ -31,6 +38,15 @@ from refopt.kernels.cpu.clipping import (
 )
 from refopt.kernels.cpu.ema import ema_update
 from refopt.kernels.cpu.ftrl import ftrl_update
+from refopt.kernels.cpu.proximal import (
+    proximal_adagrad_update,
+    proximal_gradient_descent_update,
+)
+from refopt.reference.proximal import (
+    ProximalAdagradResult,
+    ProximalGradientDescentResult,
+    proximal_adagrad_initial_state,
+)
 from refopt.reference.ftrl import FtrlResult, ftrl_initial_state
 from refopt.kernels.cpu.lazy_adam import lazy_adam_update
 from refopt.kernels.cpu.lion import lion_update
@@ -53,6 +69,11 @@ __all__ = [
     "FtrlResult",
     "ftrl_initial_state",
     "ftrl_update",
+    "ProximalAdagradResult",
+    "ProximalGradientDescentResult",
+    "proximal_adagrad_initial_state",
+    "proximal_adagrad_update",
+    "proximal_gradient_descent_update",
     "AdadeltaResult",
     "adadelta_initial_state",
     "adadelta_update",
@@ -76,6 +97,11 @@ __all__ = [
     "RpropResult",
     "rprop_initial_state",
     "rprop_update",
+    "RowWiseAdagradResult",
+    "rowwise_adagrad_initial_state",
+    "rowwise_adagrad_rows",
+    "rowwise_adagrad_sequential_update",
+    "rowwise_adagrad_update",
     "RMSpropResult",
     "SGDResult",
     "adagrad_initial_state",

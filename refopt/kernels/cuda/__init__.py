@@ -69,6 +69,13 @@ from refopt.kernels.cuda.adamax import adamax_update
 from refopt.kernels.cuda.nadam import nadam_update
 from refopt.kernels.cuda.asgd import asgd_update
 from refopt.kernels.cuda.rprop import rprop_update
+from refopt.kernels.cuda.rowwise_adagrad import (
+    RowWiseAdagradResult,
+    rowwise_adagrad_initial_state,
+    rowwise_adagrad_rows,
+    rowwise_adagrad_sequential_update,
+    rowwise_adagrad_update,
+)
 from refopt.kernels.cuda.clipping import (
     clip_by_global_norm,
     clip_by_norm,
@@ -77,6 +84,15 @@ from refopt.kernels.cuda.clipping import (
 )
 from refopt.kernels.cuda.ema import ema_update
 from refopt.kernels.cuda.ftrl import ftrl_update
+from refopt.kernels.cuda.proximal import (
+    proximal_adagrad_update,
+    proximal_gradient_descent_update,
+)
+from refopt.reference.proximal import (
+    ProximalAdagradResult,
+    ProximalGradientDescentResult,
+    proximal_adagrad_initial_state,
+)
 from refopt.reference.ftrl import FtrlResult, ftrl_initial_state
 from refopt.kernels.cuda.lazy_adam import lazy_adam_update
 from refopt.kernels.cuda.lion import lion_update
@@ -99,6 +115,11 @@ __all__ = [
     "FtrlResult",
     "ftrl_initial_state",
     "ftrl_update",
+    "ProximalAdagradResult",
+    "ProximalGradientDescentResult",
+    "proximal_adagrad_initial_state",
+    "proximal_adagrad_update",
+    "proximal_gradient_descent_update",
     "AdadeltaResult",
     "adadelta_initial_state",
     "adadelta_update",
@@ -123,6 +144,11 @@ __all__ = [
     "RpropResult",
     "rprop_initial_state",
     "rprop_update",
+    "RowWiseAdagradResult",
+    "rowwise_adagrad_initial_state",
+    "rowwise_adagrad_rows",
+    "rowwise_adagrad_sequential_update",
+    "rowwise_adagrad_update",
     "RMSpropResult",
     "SGDResult",
     "Segments",

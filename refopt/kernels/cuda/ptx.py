@@ -400,6 +400,24 @@ def rule_variants(dtype=np.float32, rmsprop=False):
 
             direct(f"{name} Ftrl rows", ftrl_call(dtype, conv, learning_rate=0.01,
                                                   lazy_rows=True, row_width=4), kind="rows")
+        if conv.proximal_adagrad_form != "none":  # TF1's: one build each, dense and rows,
+            # l1 on (float64 takes 1/sqrt, no rsqrt)
+            from refopt.rules.proximal import proximal_adagrad_call
+
+            hp_prox = {"learning_rate": 0.01, "l1_regularization_strength": 0.01,
+                       "l2_regularization_strength": 0.01}
+            direct(f"{name} ProximalAdagrad", proximal_adagrad_call(dtype, conv, **hp_prox))
+            direct(f"{name} ProximalAdagrad rows", proximal_adagrad_call(
+                dtype, conv, lazy_rows=True, row_width=4, **hp_prox), kind="rows")
+        if conv.proximal_sgd_form != "none":
+            from refopt.rules.proximal import proximal_sgd_call
+
+            hp_prox = {"learning_rate": 0.01, "l1_regularization_strength": 0.01,
+                       "l2_regularization_strength": 0.01}
+            direct(f"{name} ProximalGradientDescent",
+                   proximal_sgd_call(dtype, conv, **hp_prox))
+            direct(f"{name} ProximalGradientDescent rows", proximal_sgd_call(
+                dtype, conv, lazy_rows=True, row_width=4, **hp_prox), kind="rows")
         if with_rsqrt or conv.rmsprop_form in ("keras3", "keras2", "torch"):
             add(f"{name} RMSprop", refopt.RMSprop(learning_rate=0.01, **base))
             add(f"{name} RMSprop centered momentum",

@@ -1,0 +1,191 @@
+"""Row-wise Adagrad (FBGEMM's ``EXACT_ROWWISE_ADAGRAD``) with the tf.keras 2.11+ API.
+
+Follows FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` (``optimizer=EmbOptimType.
+EXACT_ROWWISE_ADAGRAD``; keywords ``learning_rate``, ``eps``, ``weight_decay``,
+``weight_decay_mode``) and TorchRec's fused embeddings, which pass the same keywords; the
+update is :func:`refopt.reference.rowwise_adagrad_update` (readable NumPy) on every backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refopt.indexed_slices import IndexedSlices
+from refopt.optimizers.base import (
+    BASE_KWARGS_DOC,
+    Optimizer,
+    _check_convention,
+    check_real,
+    default_learning_rate,
+    optimizer_form,
+)
+
+__all__ = ["RowWiseAdagrad"]
+
+_BASE_DOC = BASE_KWARGS_DOC.split("    clipnorm", 1)[1]  # its own weight_decay, not Keras'
+
+
+class RowWiseAdagrad(Optimizer):
+    r"""Row-wise Adagrad: one accumulator per row of a table, FBGEMM's numerics.
+
+    Each row :math:`r` of a variable (the first axis; an embedding table ``(V, D)``) keeps
+    one accumulator :math:`a_r`, grown by the mean over the row of its squared gradient;
+    the row then moves by :math:`\eta\,g_r/(\sqrt{a_r} + \epsilon)`. The rule, the order of
+    its roundings and FBGEMM's sources are in :func:`refopt.reference.rowwise_adagrad_update`.
+
+    Parameters
+    ----------
+    learning_rate : float or refopt.schedules.LearningRateSchedule, optional
+        Default 0.01 (FBGEMM's).
+    epsilon : float, optional
+        FBGEMM's ``eps``, outside the root. Default 1e-8.
+    weight_decay : float, optional
+        >= 0, default 0 (none). Acts as ``weight_decay_mode`` says, inside the row update.
+    weight_decay_mode : {"none", "l2", "decoupled"}, default "none"
+        FBGEMM's ``WeightDecayMode``: ``"l2"`` adds ``wd*w`` to the gradient in the sum of
+        squares and multiplies the row by ``1 - wd*lr/(sqrt(a) + eps)``; ``"decoupled"``
+        multiplies it by ``1 - lr*wd``. A ``weight_decay`` > 0 needs a mode other than
+        ``"none"`` (FBGEMM would silently ignore it).
+    exact : bool, default True
+        ``True``: FBGEMM's ``EXACT_ROWWISE_ADAGRAD`` (duplicate indices of an
+        IndexedSlices summed first, from zero in order of appearance; one step per row).
+        ``False``: FBGEMM's approximate ``ROWWISE_ADAGRAD``, every occurrence a step of its
+        own, one after another (:func:`refopt.reference.rowwise_adagrad_sequential_update`).
+    clipnorm, clipvalue, global_clipnorm, use_ema, ...
+        As every refopt optimizer (PyTorch's conventions for them; FBGEMM's own
+        ``gradient_clipping``/``max_norm`` are not reproduced).
+
+    Notes
+    -----
+    Slot: ``accumulator``, shape ``(V,)`` (FBGEMM's ``momentum1``), starting at 0.
+    IndexedSlices gradients update only their rows (rows absent keep their values and
+    accumulators: no decay); an empty one changes nothing. A dense gradient steps every
+    row. Exists under ``convention="fbgemm"`` (its ``rowwise_adagrad_form``) only.
+
+    Examples
+    --------
+    >>> import numpy as np, refopt
+    >>> table = np.ones((4, 2), np.float32)
+    >>> opt = refopt.RowWiseAdagrad(learning_rate=0.1, backend="reference")
+    >>> g = refopt.IndexedSlices(np.array([[1., 2.], [2., 2.]], np.float32), [1, 1], (4, 2))
+    >>> opt.apply_gradients([(g, table)])
+    1
+    >>> opt.get_slot(table, "accumulator").tolist()     # mean of (3^2, 4^2) on row 1
+    [0.0, 12.5, 0.0, 0.0]
+    """
+
+    slot_variables = ("accumulator",)
+
+    def __init__(
+        self,
+        learning_rate=None,
+        epsilon=None,
+        weight_decay=None,
+        weight_decay_mode="none",
+        exact=True,
+        clipnorm=None,
+        clipvalue=None,
+        global_clipnorm=None,
+        use_ema=False,
+        ema_momentum=0.99,
+        ema_overwrite_frequency=None,
+        jit_compile=True,
+        name="RowWiseAdagrad",
+        backend=None,
+        convention="fbgemm",
+        **kwargs,
+    ):
+        from refopt.reference.rowwise_adagrad import (
+            WEIGHT_DECAY_MODES,
+            rowwise_adagrad_defaults,
+        )
+
+        conv = _check_convention(convention)
+        optimizer_form(conv, "RowWiseAdagrad", knob="rowwise_adagrad_form")
+        defaults = rowwise_adagrad_defaults(conv)
+        learning_rate = default_learning_rate(learning_rate, defaults, conv, "RowWiseAdagrad")
+        self.epsilon = check_real("epsilon", defaults["epsilon"] if epsilon is None
+                                  else epsilon, low=0)
+        if weight_decay_mode not in WEIGHT_DECAY_MODES:
+            raise ValueError(f"`weight_decay_mode` must be one of {tuple(WEIGHT_DECAY_MODES)}."
+                             f" Received: weight_decay_mode={weight_decay_mode!r}")
+        wd = check_real("weight_decay", weight_decay, low=0, allow_none=True)
+        if wd and weight_decay_mode == "none":
+            raise ValueError(
+                "`weight_decay` > 0 needs weight_decay_mode='l2' or 'decoupled' (FBGEMM "
+                f"ignores it under WeightDecayMode.NONE). Received: weight_decay={wd!r}, "
+                f"weight_decay_mode={weight_decay_mode!r}")
+        if not isinstance(exact, (bool, np.bool_)):
+            raise TypeError(f"`exact` must be a bool. Received: exact={exact!r}")
+        self.weight_decay_mode = weight_decay_mode
+        self.exact = bool(exact)
+        super().__init__(
+            name=name,
+            learning_rate=learning_rate,
+            weight_decay=None,  # inside the row update, not the pipeline's decay
+            clipnorm=clipnorm,
+            clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm,
+            use_ema=use_ema,
+            ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency,
+            jit_compile=jit_compile,
+            backend=backend,
+            convention=conv if isinstance(convention, dict) else convention,
+            **kwargs,
+        )
+        self.weight_decay = wd
+
+    # the row update applies the decay itself (FBGEMM's weight_decay_mode)
+    def _weight_decay_acts(self):
+        return False
+
+    @property
+    def _lazy_sparse(self):
+        return self.exact
+
+    def _keeps_duplicates(self):
+        """The approximate form needs the raw occurrences (see the staged step)."""
+        return not self.exact
+
+    def slot_shape(self, name, shape):
+        if name == "accumulator":  # one per row (FBGEMM's momentum1)
+            return tuple(shape[:1])
+        return tuple(shape)
+
+    def _kw(self, learning_rate):
+        return dict(learning_rate=learning_rate, epsilon=self.epsilon,
+                    weight_decay=self.weight_decay or 0.0,
+                    weight_decay_mode=self.weight_decay_mode)
+
+    def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
+                     lazy_rows=False):
+        if self._uses_update_step():  # a subclass rewrote the update with update_step
+            return Optimizer._update_step(self, param, grad, slots, learning_rate, step,
+                                          weight_decay, lazy_rows)
+        k = self._kernels  # the reference's functions, or the CPU's compiled row step
+        acc = slots["accumulator"]
+        kw = self._kw(learning_rate)
+        if lazy_rows:  # the present rows, gathered (duplicates summed)
+            p, a = k.rowwise_adagrad_rows(param, grad, acc, **kw)
+        elif isinstance(grad, IndexedSlices):  # approximate: the occurrences in turn
+            p, a = k.rowwise_adagrad_sequential_update(param, grad, acc,
+                                                       convention=self.convention, **kw)
+        else:
+            p, a = k.rowwise_adagrad_update(param, grad, acc, convention=self.convention,
+                                            **kw)
+        return p, {"accumulator": a}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(epsilon=self.epsilon, weight_decay=self.weight_decay,
+                      weight_decay_mode=self.weight_decay_mode, exact=self.exact)
+        return config
+
+
+RowWiseAdagrad.__doc__ = RowWiseAdagrad.__doc__.replace(
+    "    clipnorm, clipvalue, global_clipnorm, use_ema, ...\n        As every refopt optimizer "
+    "(PyTorch's conventions for them; FBGEMM's own\n        ``gradient_clipping``/"
+    "``max_norm`` are not reproduced).\n",
+    "    clipnorm" + _BASE_DOC.rstrip() + "\n        (FBGEMM's own ``gradient_clipping`` and "
+    "``max_norm`` are not reproduced.)\n")
