@@ -859,9 +859,11 @@ def _reference_call(draw, name):
     dense = hnp.arrays(dtype, shape, elements=wild)
     if name.startswith("rowwise_adagrad"):  # FBGEMM's: one accumulator per row
         acc = draw(float_arrays(dtype, shape[:1], nonneg=True))
+        mode = draw(st.sampled_from(["none", "l2", "decoupled"]))
         kw = dict(learning_rate=draw(learning_rates), epsilon=draw(st.sampled_from([1e-8, 1e-3])),
-                  weight_decay=draw(st.sampled_from([0.0, 0.1])),
-                  weight_decay_mode=draw(st.sampled_from(["none", "l2", "decoupled"])))
+                  # a decay under "none" is refused (FBGEMM would ignore it)
+                  weight_decay=0.0 if mode == "none" else draw(st.sampled_from([0.0, 0.1])),
+                  weight_decay_mode=mode)
         if name == "rowwise_adagrad_initial_state":
             return ref.rowwise_adagrad_initial_state, (p,), {}
         if name == "rowwise_adagrad_rows" or not shape:

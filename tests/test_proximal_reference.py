@@ -2,6 +2,8 @@
 # reference functions and the classes against values computed by hand or printed by TF 2.15.1
 # (tf.compat.v1.train.ProximalAdagradOptimizer / ProximalGradientDescentOptimizer, graph mode,
 # CPU); the longer trajectories are the golden cases (tests/test_conformance.py -k proximal).
+import warnings
+
 import numpy as np
 import pytest
 
@@ -218,3 +220,43 @@ def test_class_config_round_trip_and_required_learning_rate():
     with pytest.raises(TypeError, match=r"ProximalGradientDescent under convention='tf1' needs "
                                         r"a `learning_rate`.*Received: learning_rate=None"):
         refopt.ProximalGradientDescent()
+
+
+@pytest.mark.parametrize("cls", [refopt.ProximalAdagrad, refopt.ProximalGradientDescent])
+def test_keras3_sparse_square_convention_is_refused(cls):
+    conv = get_convention("tf1").replace(keras3_sparse_square=True)
+    with pytest.raises(ValueError, match=cls.__name__ + " cannot take a convention with "
+                                                        "keras3_sparse_square=True"):
+        cls(learning_rate=0.1, convention=conv, backend="reference")
+
+
+@pytest.mark.parametrize("cls", [refopt.ProximalAdagrad, refopt.ProximalGradientDescent])
+@pytest.mark.parametrize("name", ["l1_regularization_strength", "l2_regularization_strength"])
+def test_strengths_that_overflow_float32_are_refused(cls, name):
+    rx = name + r"` must be finite in float32.*Received: " + name + r"=1e\+39"
+    with pytest.raises(ValueError, match=rx):
+        cls(learning_rate=0.1, backend="reference", **{name: 1e39})
+    w = np.ones(2, F32)
+    with pytest.raises(ValueError, match=rx):
+        P.proximal_gradient_descent_update(w, w, learning_rate=0.1, **{name: 1e39})
+    with pytest.raises(ValueError, match=rx):
+        P.proximal_adagrad_update(w, w, w, learning_rate=0.1, **{name: 1e39})
+    with pytest.raises(ValueError, match=r"learning_rate.*finite in float32"):
+        P.proximal_adagrad_update(w, w, w, learning_rate=1e39)
+    assert w.tolist() == [1, 1]
+
+
+def test_initial_accumulator_that_rounds_to_zero_warns():
+    opt = refopt.ProximalAdagrad(learning_rate=0.1, initial_accumulator_value=1e-50,
+                                 backend="reference")
+    w32, w64 = np.ones(2, F32), np.ones(2, F64)
+    with pytest.warns(RuntimeWarning, match=r"initial_accumulator_value=1e-50 rounds to 0 in "
+                                            r"float32"):
+        opt.build([w32])
+    assert opt.get_slot(w32, "accumulator").tolist() == [0, 0]   # TF1's constant: 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float64 holds 1e-50: no warning
+        acc = P.proximal_adagrad_initial_state(w64, initial_accumulator_value=1e-50)
+    assert acc.tolist() == [1e-50, 1e-50]
+    with pytest.warns(RuntimeWarning, match="rounds to 0 in float16"):
+        P.proximal_adagrad_initial_state(np.ones(2, np.float16), initial_accumulator_value=1e-9)

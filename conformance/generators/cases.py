@@ -923,6 +923,15 @@ CASES += [
     _c("fbgemm/rowwise_adagrad_wide_f32", FBGEMM, "RowWiseAdagrad",
        dict(learning_rate=0.05, epsilon=1e-6, weight_decay=0.01, weight_decay_mode="l2"),
        shapes=[(40, 64), (8, 128)], grads="sparse", api=_RWA_API + " D=64 and 128"),
+    # large lr*wd: the decay factor 1 - x*wd is one fma too (x = mult under L2, lr
+    # decoupled); with lr*wd ~ 1e-3 (the cases above) the fused and unfused factors agree
+    _c("fbgemm/rowwise_adagrad_l2_big_f32", FBGEMM, "RowWiseAdagrad",
+       dict(learning_rate=1.3, epsilon=1e-3, weight_decay=0.27, weight_decay_mode="l2"),
+       shapes=_RWA_TABLES, grads="sparse", api=_RWA_API + " weight_decay_mode=L2, lr 1.3"),
+    _c("fbgemm/rowwise_adagrad_decoupled_big_f32", FBGEMM, "RowWiseAdagrad",
+       dict(learning_rate=1.1, epsilon=1e-8, weight_decay=0.27, weight_decay_mode="decoupled"),
+       shapes=_RWA_TABLES, grads="sparse", api=_RWA_API + " weight_decay_mode=DECOUPLE, "
+       "lr 1.1 (1 - lr*wd: 0.70299995 unfused, 0.703 fused)"),
 ]
 
 # ---- TF1's proximal optimizers (issue 14): ProximalAdagrad and ProximalGradientDescent, TF

@@ -31,15 +31,19 @@ class _Proximal(Optimizer):
     _lazy_sparse = True  # TF1's sparse kernels move only the present rows
 
     def _setup(self, conv, learning_rate, l1, l2, defaults):
+        from refopt.optimizers.rowwise_adagrad import refuse_keras3_sparse_square
+        from refopt.reference.proximal import check_strength
+
+        refuse_keras3_sparse_square(conv, self._optimizer)
         learning_rate = default_learning_rate(
             learning_rate, defaults, conv, self._optimizer,
             why=f"TF1's {self._optimizer}Optimizer takes it as its first, required argument")
-        self.l1_regularization_strength = check_real(
+        self.l1_regularization_strength = check_strength(
             "l1_regularization_strength",
-            defaults["l1_regularization_strength"] if l1 is None else l1, low=0)
-        self.l2_regularization_strength = check_real(
+            defaults["l1_regularization_strength"] if l1 is None else l1)
+        self.l2_regularization_strength = check_strength(
             "l2_regularization_strength",
-            defaults["l2_regularization_strength"] if l2 is None else l2, low=0)
+            defaults["l2_regularization_strength"] if l2 is None else l2)
         return learning_rate
 
     def _decay_mode(self):
@@ -95,7 +99,7 @@ _DOC_COMMON = """
     l1_regularization_strength, l2_regularization_strength : float, optional
         :math:`\\lambda_1, \\lambda_2 \\ge 0` (default 0): the proximal step soft-thresholds
         by ``lr_t * l1`` (only when ``l1 > 0``) and divides by ``1 + l2 * lr_t``. Cast to the
-        variable's dtype through float32 (``tf.cast``)."""
+        variable's dtype through float32 (``tf.cast``), so they must be finite in float32."""
 
 _DOC_SPARSE = """
     IndexedSlices gradients: repeated indices are summed first (TF1's ``apply_gradients``
@@ -107,7 +111,14 @@ _DOC_SPARSE = """
     reference where it differs from the dtype's division (float32, ``l2 > 0``).
     The cost of a sparse step follows the rows touched, not the table size.
 
-    ``weight_decay`` and ``use_ema`` are refused (TF1 has neither)."""
+    ``weight_decay`` and ``use_ema`` are refused (TF1 has neither), and so is a convention
+    with ``keras3_sparse_square=True`` (a Keras 3 bug; these are not Keras 3 optimizers).
+
+    float16: TF1 has no float16 CPU kernel for this optimizer (``ResourceApplyProximal*``
+    and ``ResourceSparseApplyProximal*`` are registered on the CPU for float32 and float64
+    only: TF 2.21 raises ``InvalidArgumentError``). refopt computes float16 variables with the
+    same formulas in float16; that is refopt's extrapolation, checked against no
+    framework."""
 
 
 class ProximalAdagrad(_Proximal):
@@ -116,7 +127,10 @@ class ProximalAdagrad(_Proximal):
     Parameters
     ----------{common}
     initial_accumulator_value : float, optional
-        The accumulators' start, > 0 (TF1: "must be positive"); default 0.1.
+        The accumulators' start, > 0 (TF1: "must be positive"); default 0.1. Converted
+        straight to each variable's dtype; a value that rounds to 0 there (``1e-50`` in
+        float32) starts the accumulator at 0, as TF1 does, with a ``RuntimeWarning`` (an
+        element whose first gradient is 0 becomes NaN).
     {base_kwargs}
 
     Notes
@@ -138,8 +152,9 @@ class ProximalAdagrad(_Proximal):
     ------
     ValueError
         A convention other than ``"tf1"`` (its ``proximal_adagrad_form`` is ``"none"``); a
-        negative or non-finite strength; ``initial_accumulator_value <= 0``; the base class's
-        errors (``weight_decay`` and ``use_ema`` under tf1).
+        negative or non-finite strength, or one that overflows float32 (``1e39``); a
+        convention with ``keras3_sparse_square=True``; ``initial_accumulator_value <= 0``;
+        the base class's errors (``weight_decay`` and ``use_ema`` under tf1).
     TypeError
         No ``learning_rate``; a hyperparameter not a real number.
 
@@ -204,7 +219,9 @@ class ProximalAdagrad(_Proximal):
 
     def slot_initial_value(self, name, dtype):
         from refopt.reference._common import scalar
+        from refopt.reference.proximal import warn_if_accumulator_underflows
 
+        warn_if_accumulator_underflows(self.initial_accumulator_value, dtype)
         return scalar(dtype, self.initial_accumulator_value)
 
     def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
@@ -261,7 +278,8 @@ class ProximalGradientDescent(_Proximal):
     ------
     ValueError
         A convention other than ``"tf1"`` (its ``proximal_sgd_form`` is ``"none"``); a
-        negative or non-finite strength; the base class's errors.
+        negative or non-finite strength, or one that overflows float32 (``1e39``); a
+        convention with ``keras3_sparse_square=True``; the base class's errors.
     TypeError
         No ``learning_rate``; a hyperparameter not a real number.
 

@@ -15,12 +15,23 @@ from refopt.optimizers.base import (
     BASE_KWARGS_DOC,
     Optimizer,
     _check_convention,
-    check_real,
     default_learning_rate,
     optimizer_form,
 )
 
 __all__ = ["RowWiseAdagrad"]
+
+
+def refuse_keras3_sparse_square(conv, optimizer):
+    """Refuse a convention with ``keras3_sparse_square=True`` for ``optimizer`` (which is
+    not a Keras 3 optimizer): the knob makes the pipeline skip summing the duplicates of an
+    IndexedSlices, and the lazy rows' scatter would then keep only the last duplicate."""
+    if conv.keras3_sparse_square:
+        raise ValueError(
+            f"{optimizer} cannot take a convention with keras3_sparse_square=True (that knob "
+            f"reproduces a Keras 3 bug of Keras 3's own optimizers; {optimizer} is not one, "
+            f"and its duplicate indices are always summed). Received: convention="
+            f"{conv.name!r} with keras3_sparse_square=True")
 
 _BASE_DOC = BASE_KWARGS_DOC.split("    clipnorm", 1)[1]  # its own weight_decay, not Keras'
 
@@ -40,7 +51,8 @@ class RowWiseAdagrad(Optimizer):
     epsilon : float, optional
         FBGEMM's ``eps``, outside the root. Default 1e-8.
     weight_decay : float, optional
-        >= 0, default 0 (none). Acts as ``weight_decay_mode`` says, inside the row update.
+        >= 0, default 0 (none), finite in float32 (FBGEMM's C float). Acts as
+        ``weight_decay_mode`` says, inside the row update.
     weight_decay_mode : {"none", "l2", "decoupled"}, default "none"
         FBGEMM's ``WeightDecayMode``: ``"l2"`` adds ``wd*w`` to the gradient in the sum of
         squares and multiplies the row by ``1 - wd*lr/(sqrt(a) + eps)``; ``"decoupled"``
@@ -51,16 +63,38 @@ class RowWiseAdagrad(Optimizer):
         IndexedSlices summed first, from zero in order of appearance; one step per row).
         ``False``: FBGEMM's approximate ``ROWWISE_ADAGRAD``, every occurrence a step of its
         own, one after another (:func:`refopt.reference.rowwise_adagrad_sequential_update`).
+        Cost of ``False``: ``backend="cpu"`` (float32) runs the occurrences in one compiled
+        loop, about the exact step's cost; the reference backend (and ``"cuda"``, which
+        takes the host's reference step) runs one vectorised NumPy step per *round*, rounds
+        being the largest number of times one index occurs in the gradient (a row looked up
+        1000 times in a batch: 1000 NumPy steps).
     clipnorm, clipvalue, global_clipnorm, use_ema, ...
         As every refopt optimizer (PyTorch's conventions for them; FBGEMM's own
         ``gradient_clipping``/``max_norm`` are not reproduced).
+
+    Raises
+    ------
+    ValueError
+        A convention other than ``"fbgemm"`` or with ``keras3_sparse_square=True``; a
+        negative, non-finite or float32-overflowing ``epsilon``/``weight_decay``; an unknown
+        ``weight_decay_mode``; ``weight_decay > 0`` with mode ``"none"``; the base class's
+        errors.
+    TypeError
+        A hyperparameter not a real number; ``exact`` not a bool.
 
     Notes
     -----
     Slot: ``accumulator``, shape ``(V,)`` (FBGEMM's ``momentum1``), starting at 0.
     IndexedSlices gradients update only their rows (rows absent keep their values and
     accumulators: no decay); an empty one changes nothing. A dense gradient steps every
-    row. Exists under ``convention="fbgemm"`` (its ``rowwise_adagrad_form``) only.
+    row. Exists under ``convention="fbgemm"`` (its ``rowwise_adagrad_form``) only; a
+    convention with ``keras3_sparse_square=True`` is refused.
+
+    float16 tables compute in float16 with a float16 accumulator. That is not FBGEMM's
+    float16: its ``SparseType.FP16`` tables keep a float32 accumulator, compute in float32
+    and round the stored weights stochastically (``stochastic_rounding=True`` by default);
+    refopt records and reproduces float32 tables only. Any row width ``D`` is accepted
+    (FBGEMM refuses ``D`` not a multiple of 4; ``D = 0`` changes nothing here).
 
     Examples
     --------
@@ -96,25 +130,19 @@ class RowWiseAdagrad(Optimizer):
         **kwargs,
     ):
         from refopt.reference.rowwise_adagrad import (
-            WEIGHT_DECAY_MODES,
+            check_hyperparameters,
             rowwise_adagrad_defaults,
         )
 
         conv = _check_convention(convention)
         optimizer_form(conv, "RowWiseAdagrad", knob="rowwise_adagrad_form")
+        refuse_keras3_sparse_square(conv, "RowWiseAdagrad")
         defaults = rowwise_adagrad_defaults(conv)
         learning_rate = default_learning_rate(learning_rate, defaults, conv, "RowWiseAdagrad")
-        self.epsilon = check_real("epsilon", defaults["epsilon"] if epsilon is None
-                                  else epsilon, low=0)
-        if weight_decay_mode not in WEIGHT_DECAY_MODES:
-            raise ValueError(f"`weight_decay_mode` must be one of {tuple(WEIGHT_DECAY_MODES)}."
-                             f" Received: weight_decay_mode={weight_decay_mode!r}")
-        wd = check_real("weight_decay", weight_decay, low=0, allow_none=True)
-        if wd and weight_decay_mode == "none":
-            raise ValueError(
-                "`weight_decay` > 0 needs weight_decay_mode='l2' or 'decoupled' (FBGEMM "
-                f"ignores it under WeightDecayMode.NONE). Received: weight_decay={wd!r}, "
-                f"weight_decay_mode={weight_decay_mode!r}")
+        self.epsilon = defaults["epsilon"] if epsilon is None else epsilon
+        check_hyperparameters(epsilon=self.epsilon, weight_decay=weight_decay,
+                              weight_decay_mode=weight_decay_mode)
+        wd = weight_decay
         if not isinstance(exact, (bool, np.bool_)):
             raise TypeError(f"`exact` must be a bool. Received: exact={exact!r}")
         self.weight_decay_mode = weight_decay_mode

@@ -47,6 +47,7 @@ Facts checked on TensorFlow 2.15.1 (``tf.compat.v1``, graph mode, CPU); see
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -151,6 +152,36 @@ def proximal_gradient_descent_defaults(convention=None):
     return dict(_PGD_DEFAULTS[proximal_form(convention, "ProximalGradientDescent")])
 
 
+def check_float32(name, value):
+    """Refuse a finite ``value`` that overflows float32 (``1e39``): TF1 makes a float32
+    tensor of a Python float (the learning rate, the strengths), which would hold inf.
+    Returns ``value``; raises ValueError naming ``name``."""
+    with np.errstate(over="ignore"):
+        if np.isfinite(value) and not np.isfinite(np.float32(value)):
+            raise ValueError(f"`{name}` must be finite in float32 (TF1 makes a float32 tensor "
+                             f"of it). Received: {name}={value!r}")
+    return value
+
+
+def check_strength(name, value):
+    """``l1_regularization_strength`` or ``l2_regularization_strength``: a real number,
+    finite, >= 0 and finite in float32. Returns it; TypeError or ValueError naming it."""
+    return check_float32(name, check_real(name, value, low=0))
+
+
+def warn_if_accumulator_underflows(initial_accumulator_value, dtype):
+    """Warn (RuntimeWarning) when ``initial_accumulator_value`` (> 0) rounds to 0 in
+    ``dtype``: the accumulator starts at 0, as TF1's ``constant(value, dtype)`` does, and an
+    element whose first gradient is 0 then becomes NaN (``0 * rsqrt(0)``)."""
+    with np.errstate(under="ignore"):
+        zero = scalar(dtype, initial_accumulator_value) == 0
+    if zero:
+        warnings.warn(
+            f"initial_accumulator_value={initial_accumulator_value!r} rounds to 0 in "
+            f"{np.dtype(dtype)}: the accumulator starts at 0 (as TF1's does), and an element "
+            "whose first gradient is 0 becomes NaN", RuntimeWarning, stacklevel=3)
+
+
 def proximal_adagrad_initial_state(param, *, initial_accumulator_value=0.1, convention=None):
     """A fresh accumulator for ``param``: ``initial_accumulator_value`` (> 0, TF1's rule)
     converted straight to ``param``'s dtype (TF1's ``constant_op.constant(value,
@@ -162,10 +193,16 @@ def proximal_adagrad_initial_state(param, *, initial_accumulator_value=0.1, conv
         ``param`` not a float16/32/64 ndarray; the value not a real number.
     ValueError
         The value not finite or not > 0; a convention without ProximalAdagrad.
+
+    Warns
+    -----
+    RuntimeWarning
+        The value rounds to 0 in ``param``'s dtype (``1e-50`` in float32).
     """
     param = as_float_array("param", param)
     proximal_form(convention, "ProximalAdagrad")
     check_real("initial_accumulator_value", initial_accumulator_value, low=0, low_open=True)
+    warn_if_accumulator_underflows(initial_accumulator_value, param.dtype)
     return np.full(param.shape, scalar(param.dtype, initial_accumulator_value), param.dtype)
 
 
@@ -261,9 +298,9 @@ def check_proximal_args(optimizer, param, grad, slots, *, learning_rate,
         )
     grad = check_grad(param, grad)
     slots = [check_like(param, "accumulator", a) for a in slots]
-    check_hyper("learning_rate", learning_rate)
-    check_real("l1_regularization_strength", l1_regularization_strength, low=0)
-    check_real("l2_regularization_strength", l2_regularization_strength, low=0)
+    check_float32("learning_rate", check_hyper("learning_rate", learning_rate))
+    check_strength("l1_regularization_strength", l1_regularization_strength)
+    check_strength("l2_regularization_strength", l2_regularization_strength)
     return param, grad, slots
 
 
@@ -306,7 +343,8 @@ def proximal_adagrad_update(param, grad, accumulator, *, learning_rate,
         ``convention`` of the wrong type.
     ValueError
         A state array or gradient whose shape or dtype differs from ``param``'s; a negative or
-        non-finite hyperparameter; a sparse gradient for a 0-d variable; a convention whose
+        non-finite hyperparameter, or one that overflows float32 (``1e39``: TF1's float32
+        tensor would hold inf); a sparse gradient for a 0-d variable; a convention whose
         ``proximal_adagrad_form`` is ``"none"``. Messages name the argument and the value.
 
     Notes

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
+from refopt.reference._common import as_float_array, check_hyper, check_real
 from refopt.reference.variants import fma
 
 __all__ = [
@@ -72,10 +73,68 @@ def rowwise_adagrad_initial_state(param, initial_accumulator_value=0.0):
 
 
 def _check_mode(weight_decay_mode):
-    if weight_decay_mode not in WEIGHT_DECAY_MODES:
+    if not isinstance(weight_decay_mode, str) or weight_decay_mode not in WEIGHT_DECAY_MODES:
         raise ValueError(
             f"`weight_decay_mode` must be one of {tuple(WEIGHT_DECAY_MODES)}. Received: "
             f"weight_decay_mode={weight_decay_mode!r}")
+
+
+def check_finite_float32(name, value):
+    """Refuse a finite real ``value`` that overflows float32 (``1e39``): FBGEMM's kernel
+    arguments (``learning_rate``, ``eps``, ``weight_decay``) are C ``float``, which would
+    hold inf. Returns ``value``; raises ValueError naming ``name``."""
+    with np.errstate(over="ignore"):
+        if np.isfinite(value) and not np.isfinite(np.float32(value)):
+            raise ValueError(f"`{name}` must be finite in float32 (FBGEMM passes it to its "
+                             f"kernel as a C float). Received: {name}={value!r}")
+    return value
+
+
+def check_hyperparameters(*, epsilon, weight_decay, weight_decay_mode, learning_rate=None):
+    """The checks :class:`refopt.RowWiseAdagrad` and the functions of this module share:
+    ``learning_rate`` (unless None) and ``epsilon`` real, finite, >= 0 and finite in float32;
+    ``weight_decay`` (None: 0) the same; ``weight_decay_mode`` one of
+    :data:`WEIGHT_DECAY_MODES`, and not ``"none"`` with ``weight_decay > 0`` (FBGEMM would
+    silently ignore the decay). Returns ``weight_decay`` as a number.
+
+    Raises
+    ------
+    TypeError
+        A hyperparameter not a real number (a bool, a string, an array).
+    ValueError
+        A negative or non-finite value, one that overflows float32, an unknown mode, a
+        decay with mode ``"none"``; the message names the argument and the value.
+    """
+    if learning_rate is not None:
+        check_finite_float32("learning_rate", check_hyper("learning_rate", learning_rate))
+    check_finite_float32("epsilon", check_hyper("epsilon", epsilon))
+    wd = check_real("weight_decay", weight_decay, low=0, allow_none=True)
+    wd = 0.0 if wd is None else wd
+    check_finite_float32("weight_decay", wd)
+    _check_mode(weight_decay_mode)
+    if wd > 0 and weight_decay_mode == "none":
+        raise ValueError(
+            "`weight_decay` > 0 needs weight_decay_mode='l2' or 'decoupled' (FBGEMM "
+            f"ignores it under WeightDecayMode.NONE). Received: weight_decay={wd!r}, "
+            f"weight_decay_mode={weight_decay_mode!r}")
+    return wd
+
+
+def check_arguments(param, grad, accumulator, *, learning_rate, epsilon, weight_decay,
+                    weight_decay_mode, convention):
+    """Validate the arguments of :func:`rowwise_adagrad_update` and
+    :func:`rowwise_adagrad_sequential_update` (shared with the CPU kernels, so they raise
+    the same errors); return ``param`` as a plain ndarray. Nothing is modified."""
+    _check_form(convention)
+    param = as_float_array("param", param)
+    check_hyperparameters(learning_rate=learning_rate, epsilon=epsilon,
+                          weight_decay=weight_decay, weight_decay_mode=weight_decay_mode)
+    _check_same(param, accumulator, "accumulator", _rows_shape(param.shape))
+    if isinstance(grad, IndexedSlices):
+        _check_slices(param, grad)
+    else:
+        _check_same(param, grad, "grad", param.shape)
+    return param
 
 
 def rowwise_adagrad_rows(w, g, acc, *, learning_rate, epsilon, weight_decay=0.0,
@@ -105,12 +164,19 @@ def rowwise_adagrad_rows(w, g, acc, *, learning_rate, epsilon, weight_decay=0.0,
         s      = ((0 + g_l2[0]^2) + g_l2[1]^2) + ... + g_l2[D-1]^2     (in element order)
         acc'   = acc + s / T(D)
         mult   = lr / (sqrt(acc') + eps)
-        corr   = 1 - mult*wd  (L2) | 1 - lr*wd  (decoupled) | 1  (none)
+        corr   = fma(-mult, wd, 1)  (L2) | fma(-lr, wd, 1)  (decoupled) | 1  (none)
         w'     = fma(corr, w, -(g*mult))
 
-    ``fma`` is one rounding: FBGEMM's CPU kernel is compiled with floating-point
-    contraction (GCC's default), which fuses these two and not the sum of squares
-    (measured on the golden cases: every other choice misses them).
+    ``fma`` is one rounding (:func:`refopt.reference.variants.fma`): FBGEMM's CPU kernel is
+    compiled with floating-point contraction (GCC's default), which fuses these three (the
+    L2 gradient, the decay factor, the weight update) and not the sum of squares (measured
+    on the golden cases ``fbgemm/rowwise_adagrad_*``, the decay factor on
+    ``fbgemm/rowwise_adagrad_{l2,decoupled}_big_f32``: every other choice misses them).
+
+    A row of no element (``D = 0``, a table of shape ``(V, 0)``) keeps its accumulator
+    (the mean of no square is not taken; FBGEMM refuses such tables, see
+    :func:`rowwise_adagrad_update`). No argument is checked here (the arrays come from
+    :func:`rowwise_adagrad_update` or the optimizer class).
     """
     _check_mode(weight_decay_mode)
     dt = w.dtype.type
@@ -120,6 +186,8 @@ def rowwise_adagrad_rows(w, g, acc, *, learning_rate, epsilon, weight_decay=0.0,
     g2 = np.asarray(g, w.dtype).reshape(n, width)
     a1 = np.asarray(acc, w.dtype).reshape(n)
     lr, eps, wd = dt(learning_rate), dt(epsilon), dt(weight_decay)
+    if width == 0:  # no element: nothing to average, nothing moves
+        return w.copy(), np.array(acc, w.dtype, copy=True)
     with np.errstate(all="ignore"):
         # FBGEMM's kernel is compiled with FMA contraction: grad += wd*w is one fma
         gl = fma(np.full_like(w2, wd), w2, g2) if weight_decay_mode == "l2" else g2
@@ -128,10 +196,11 @@ def rowwise_adagrad_rows(w, g, acc, *, learning_rate, epsilon, weight_decay=0.0,
             s = s + gl[:, d] * gl[:, d]
         a = a1 + s / dt(w2.shape[1])
         mult = lr / (np.sqrt(a) + eps)
+        # the decay factor 1 - x*wd is one fma too (x = mult under L2, lr decoupled)
         if weight_decay_mode == "l2":
-            corr = dt(1) - mult * wd
+            corr = fma(-mult, wd, dt(1))
         elif weight_decay_mode == "decoupled":
-            corr = np.full(n, dt(1) - lr * wd, w.dtype)
+            corr = np.full(n, fma(-lr, wd, dt(1)), w.dtype)
         else:
             corr = np.ones(n, w.dtype)
         # ... and corr*w - g*mult is fma(corr, w, -(g*mult)) (the sum of squares is not
@@ -159,7 +228,10 @@ def rowwise_adagrad_update(param, grad, accumulator, *, learning_rate=0.01, epsi
     Parameters
     ----------
     param : ndarray, shape (V, ...), float16/32/64
-        The table (rows along the first axis; a 1-d variable has rows of one element).
+        The table (rows along the first axis; a 1-d variable has rows of one element). Any
+        row width ``D`` is accepted (FBGEMM refuses a table whose ``D`` is not a multiple
+        of 4, and the golden cases have ``D`` in 4, 8, 64, 128); ``D = 0`` changes nothing
+        (the accumulator is not touched: the mean of no square is not taken).
     grad : ndarray (shape of ``param``) or IndexedSlices
         Dense: every row takes a step (a zero row gradient still applies the decoupled
         decay and leaves the accumulator as it is, as FBGEMM does for an index looked up
@@ -187,18 +259,23 @@ def rowwise_adagrad_update(param, grad, accumulator, *, learning_rate=0.01, epsi
     Raises
     ------
     ValueError
-        A convention without row-wise Adagrad, an unknown ``weight_decay_mode``, a shape
-        mismatch.
+        A convention without row-wise Adagrad; an unknown ``weight_decay_mode``;
+        ``weight_decay > 0`` with mode ``"none"``; a negative or non-finite hyperparameter,
+        or one that overflows float32 (``1e39``: FBGEMM's kernel arguments are C float); a
+        shape mismatch. Messages name the argument and the value received.
     TypeError
-        A gradient or accumulator of another dtype than ``param``.
+        ``param``, ``grad`` or ``accumulator`` not a float16/32/64 ndarray (an integer table
+        is refused), or of another dtype than ``param``; a hyperparameter not a real number.
 
     Notes
     -----
     FBGEMM computes in the table's float32 (``at::acc_type<float, true>``); its kernel
     arguments (``learning_rate`` read from a float32 tensor, ``eps``, ``weight_decay``) are C
     ``float``. Float64 tables (which FBGEMM does not have) compute the same formulas in
-    float64; float16 ones in float16 (FBGEMM keeps a float32 accumulator for float16
-    weights: not reproduced).
+    float64; float16 ones in float16, which is **not** FBGEMM's float16: FBGEMM's
+    ``SparseType.FP16`` tables keep a float32 accumulator, compute the row in float32 and
+    store the weights with stochastic rounding (on by default, ``stochastic_rounding=True``
+    in 1.8.0); none of that is reproduced, and no float16 case is recorded.
 
     Known difference, not reproduced: FBGEMM's CPU backward for *pooled* float32 tables
     (``PoolingMode.SUM``/``MEAN``, unshared) calls FBGEMM's JIT ``GenerateSparseAdaGrad``
@@ -226,15 +303,14 @@ def exact_update(param, grad, accumulator, rows_fn, *, learning_rate, epsilon, w
                  weight_decay_mode, convention):
     """:func:`rowwise_adagrad_update` with its row step ``rows_fn`` (the CPU mirror passes
     its compiled one)."""
-    _check_form(convention)
-    _check_mode(weight_decay_mode)
-    param = np.asarray(param)
-    _check_same(param, accumulator, "accumulator", _rows_shape(param.shape))
+    param = check_arguments(param, grad, accumulator, learning_rate=learning_rate,
+                            epsilon=epsilon, weight_decay=weight_decay,
+                            weight_decay_mode=weight_decay_mode, convention=convention)
     kw = dict(learning_rate=learning_rate, epsilon=epsilon, weight_decay=weight_decay,
               weight_decay_mode=weight_decay_mode)
     if isinstance(grad, IndexedSlices):
-        _check_slices(param, grad)
-        g = grad.deduplicate()
+        with np.errstate(all="ignore"):
+            g = grad.deduplicate()
         rows = g.indices
         width = int(np.prod(param.shape[1:], dtype=np.int64))
         k = rows.shape[0]
@@ -245,7 +321,6 @@ def exact_update(param, grad, accumulator, rows_fn, *, learning_rate, epsilon, w
         out_a[rows] = new_a
         return RowWiseAdagradResult(out_w, out_a)
     grad = np.asarray(grad)
-    _check_same(param, grad, "grad", param.shape)
     if param.ndim == 0:
         new_w, new_a = rowwise_adagrad_rows(param, grad, accumulator, **kw)
     else:
@@ -281,6 +356,20 @@ def rowwise_adagrad_sequential_update(param, grad, accumulator, *, learning_rate
     -------
     RowWiseAdagradResult
 
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`rowwise_adagrad_update`.
+
+    Notes
+    -----
+    Cost: the occurrences are taken in *rounds*: round ``j`` steps, in one vectorised
+    :func:`rowwise_adagrad_rows`, the ``j``-th occurrence of every index that has one
+    (distinct rows, so their order within a round does not matter, and each sees the
+    result of its previous occurrence). Rounds = the largest number of times one index
+    occurs, so a batch where one row appears ``m`` times costs ``m`` NumPy steps.
+    ``backend="cpu"`` runs every occurrence in one compiled loop instead, bit-identical.
+
     Examples
     --------
     >>> import numpy as np, refopt
@@ -291,24 +380,39 @@ def rowwise_adagrad_sequential_update(param, grad, accumulator, *, learning_rate
     >>> r.accumulator.tolist(), r.param.tolist()   # -1 - 1/sqrt(2)
     ([2.0], [[-1.7071068286895752]])
     """
+    kw = dict(learning_rate=learning_rate, epsilon=epsilon, weight_decay=weight_decay,
+              weight_decay_mode=weight_decay_mode)
     if not isinstance(grad, IndexedSlices):
-        return rowwise_adagrad_update(param, grad, accumulator, learning_rate=learning_rate,
-                                      epsilon=epsilon, weight_decay=weight_decay,
-                                      weight_decay_mode=weight_decay_mode,
-                                      convention=convention)
-    _check_form(convention)
-    param = np.asarray(param)
-    _check_same(param, accumulator, "accumulator", _rows_shape(param.shape))
-    _check_slices(param, grad)
+        return rowwise_adagrad_update(param, grad, accumulator, convention=convention, **kw)
+    param = check_arguments(param, grad, accumulator, convention=convention, **kw)
     out_w, out_a = param.copy(), np.array(accumulator, copy=True)
-    for k, r in enumerate(np.asarray(grad.indices, np.int64)):
-        new_w, new_a = rowwise_adagrad_rows(
-            out_w[r:r + 1], grad.values[k:k + 1], out_a[r:r + 1],
-            learning_rate=learning_rate, epsilon=epsilon, weight_decay=weight_decay,
-            weight_decay_mode=weight_decay_mode)
-        out_w[r:r + 1] = new_w
-        out_a[r:r + 1] = new_a
+    idx = np.asarray(grad.indices, np.int64)
+    width = int(np.prod(param.shape[1:], dtype=np.int64))
+    values = grad.values.reshape(idx.shape[0], width)
+    table = out_w.reshape(param.shape[0], width)  # a view: writes land in out_w
+    for occurrences in _rounds(idx):
+        rows = idx[occurrences]
+        new_w, new_a = rowwise_adagrad_rows(table[rows], values[occurrences], out_a[rows],
+                                            **kw)
+        table[rows] = new_w
+        out_a[rows] = new_a
     return RowWiseAdagradResult(out_w, out_a)
+
+
+def _rounds(idx):
+    """The positions of ``idx`` grouped by rank among the equal indices: first the first
+    occurrence of every index, then the second ones, ... (each group has distinct indices,
+    in order of position)."""
+    if idx.size == 0:
+        return []
+    order = np.argsort(idx, kind="stable")  # equal indices stay in order of position
+    sorted_idx = idx[order]
+    starts = np.flatnonzero(np.r_[True, sorted_idx[1:] != sorted_idx[:-1]])
+    sizes = np.diff(np.r_[starts, idx.size])
+    rank = np.empty_like(idx)
+    rank[order] = np.arange(idx.size) - np.repeat(starts, sizes)
+    by_rank = np.argsort(rank, kind="stable")  # by rank, then by position
+    return np.split(by_rank, np.cumsum(np.bincount(rank))[:-1])
 
 
 def _check_form(convention):
@@ -323,7 +427,7 @@ def _check_form(convention):
 
 
 def _check_same(param, arr, name, shape):
-    arr = np.asarray(arr)
+    arr = as_float_array(name, arr)
     if arr.dtype != param.dtype:
         raise TypeError(f"`{name}` must have the dtype of `param` ({param.dtype}). Received: "
                         f"{name}.dtype={arr.dtype}")
