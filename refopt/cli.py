@@ -1259,6 +1259,16 @@ def build_parser():
     return parser
 
 
+def _launcher_rank():
+    """This process's rank as an MPI launcher sets it in the environment (MPICH/Hydra's
+    ``PMI_RANK``, Open MPI's ``OMPI_COMM_WORLD_RANK``, PMIx's ``PMIX_RANK``); 0 without one."""
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def main(argv=None):
     """Run the ``refopt`` command line.
 
@@ -1277,8 +1287,18 @@ def main(argv=None):
         interrupted.
     """
     parser = build_parser()
+    # `mpiexec -n R refopt demo --distributed ...`: every rank meets the same usage error;
+    # only rank 0 prints it (the launcher's rank, read before MPI starts)
+    quiet = _launcher_rank() > 0 and "--distributed" in (sys.argv[1:] if argv is None
+                                                         else argv)
     try:
-        args = parser.parse_args(argv)
+        if quiet:
+            import contextlib
+
+            with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+                args = parser.parse_args(argv)
+        else:
+            args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors: argparse already printed
         return exc.code if isinstance(exc.code, int) else 2
     handler = getattr(args, "handler", None)
@@ -1289,7 +1309,8 @@ def main(argv=None):
         return handler(args)
     except CommandError as exc:
         sys.stdout.flush()
-        print(f"refopt {args.command}: error: {exc}", file=sys.stderr)
+        if not quiet:
+            print(f"refopt {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         sys.stdout.flush()

@@ -54,10 +54,11 @@ def mpirun(n, script, *args, returncode=0):
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_zero_exact_matches_one_process_bit_for_bit(ranks):
     out = mpirun(ranks, "zero_trajectories.py")
-    assert out["ranks"] == ranks and len(out["cases"]) == 21
+    assert out["ranks"] == ranks and len(out["cases"]) == 24
     n_elements = 91 + 300 + 5 + 1 + 24 + 700
     layouts = [c["layout"] for c in out["cases"]]
-    assert layouts == ["slice"] * 13 + ["tensor"] * 8  # torch's norms, Lamb, Adafactor
+    # torch's norms, Lamb, Adafactor, RowWiseAdagrad: whole tensors; TF1's proximal ops: slices
+    assert layouts == ["slice"] * 13 + ["tensor"] * 9 + ["slice"] * 2
     for case in out["cases"]:
         single, per_rank = case["single_bytes"], case["state_bytes"]
         assert sum(per_rank) == single, case
@@ -87,6 +88,11 @@ def test_zero_fast_mode_sums_per_rank_then_in_rank_order(ranks):
 @pytest.mark.parametrize("ranks", [3, 4])
 def test_row_sharded_embedding_matches_one_process(ranks):
     out = mpirun(ranks, "embedding_trajectories.py")
+    # every lazy optimizer, RowWiseAdagrad's per-row accumulator (V,) included
+    assert [c["case"].split("/")[0] for c in out["cases"]] == [
+        "LazyAdam", "LazyAdam", "LazyAdam", "Adagrad", "Adagrad", "RowWiseAdagrad",
+        "RowWiseAdagrad", "Ftrl", "Adadelta", "Adamax", "SGD", "ProximalAdagrad",
+        "ProximalGradientDescent"]
     for case in out["cases"]:
         assert sum(case["local_rows"]) == 53
         assert max(case["local_rows"]) == -(-53 // ranks)
@@ -118,15 +124,74 @@ def test_faults_killed_rank_and_checkpoints_resharded_or_refused(tmp_path):
     no_manifest = tmp_path / "no_manifest"
     shutil.copytree(good, no_manifest)
     (no_manifest / "manifest.json").unlink()
+    manifest = json.loads((good / "manifest.json").read_text())
+    tensor = json.loads((Path(f"{good}-tensor") / "manifest.json").read_text())
+
+    def altered(name, change, base=good, man=manifest):
+        path = tmp_path / name
+        shutil.copytree(base, path)
+        m = json.loads(json.dumps(man))
+        m = change(m) or m
+        (path / "manifest.json").write_text(json.dumps(m))
+        return path
+
+    def swap(items, a=0, b=1):
+        items[a], items[b] = items[b], items[a]
+
+    def permute(m):  # the variables' order in a group with their shapes: a consistent lie
+        g = m["groups"][0]
+        for key in ("positions", "shapes", "sizes"):
+            swap(g[key], 1, 2)
+
+    damaged = [
+        altered("reordered", lambda m: swap(m["shards"])),
+        altered("permuted", permute),
+        altered("permuted_tensor", permute, Path(f"{good}-tensor"), tensor),
+        altered("bounds", lambda m: m["groups"][0]["bounds"].__setitem__(1, 64)),
+        altered("groups_null", lambda m: m.__setitem__("groups", None)),
+        altered("a_list", lambda m: [m]),
+        altered("not_json", lambda m: None),
+        altered("iterations_str", lambda m: m.__setitem__("iterations", "x")),
+    ]
+    (damaged[-2] / "manifest.json").write_text("{not json")
     # the last complete checkpoint, resumed on 4 ranks: the four steps of one process;
-    # each damaged copy refused
-    out = mpirun(4, "zero_faults_checkpoints.py", "--resume", good, "--expect-load-error",
-                 truncated, missing, no_manifest)
+    # each damaged copy refused on every rank (the same message), nothing changed; then the
+    # settings checks and edge cases (the "checks" entry)
+    out = mpirun(4, "zero_faults_checkpoints.py", "--checks", "--resume", good,
+                 "--expect-load-error", truncated, missing, no_manifest, *damaged)
     assert out["resumed"]
-    cut, gone, none = out["load_errors"]
+    cut, gone, none, *bad = out["load_errors"]
+    assert cut.startswith("ShardedCheckpointError")
     assert "'shard-00001-of-00003.npz'" in cut and "truncated" in cut
     assert gone.startswith("FileNotFoundError") and "'shard-00002-of-00003.npz'" in gone
     assert none.startswith("FileNotFoundError") and "No manifest.json" in none
+    for x in bad:  # a ValueError subclass, the same on every rank
+        assert x.startswith("ShardedCheckpointError: rank 0: ShardedCheckpointError: "), x
+        assert x.endswith("(ranks [0, 1, 2, 3] failed; the first is shown)"), x
+    order, perm, perm_tensor, bounds, null, listed, not_json, iterations = bad
+    assert "lists 'shard-00001-of-00003.npz' as shard 0 of 3" in order
+    assert "entries permuted" in perm and "entries permuted" in perm_tensor
+    assert "'shard-00000-of-00003.npz'" in bounds and "array 'g0_param' is of shape" in bounds
+    assert "malformed 'groups'" in null and "groups=None" in null
+    assert "must hold a JSON object. Received: list" in listed
+    assert "is not valid JSON" in not_json
+    assert "malformed 'iterations'" in iterations and "iterations='x'" in iterations
+    checks = out["checks"]
+    for key, what in [("mode", "mode (ranks [0, 1, 2]: exact; ranks [3]: fast)"),
+                      ("clip", "config['global_clipnorm'] (ranks [0, 1, 2]: null; ranks [3]: 1.0)"),
+                      ("lr", "config['learning_rate'] (ranks [0, 1, 2]: 0.00999"),
+                      ("iterations", "iterations (ranks [0, 1, 2]: 0; ranks [3]: 5)"),
+                      ("exclusion", "weight-decay exclusions (positions) (ranks [0, 1, 2]: [0]"),
+                      ("values", "variables' values (CRC-32 of each)"),
+                      ("reduction", "reduction (ranks [0, 1, 2]: sum; ranks [3]: mean)"),
+                      ("step lr", "step settings differ between ranks: learning rate"),
+                      ("step config", "build a new ShardedOptimizer for others): beta_1: 0.9 -> 0.5"),
+                      ("table", "ShardedEmbedding's settings differ between ranks: table"),
+                      ("embedding step lr", "learning rate now (ranks [0, 1, 2]: 0.00999")]:
+        assert checks[key].startswith("ValueError: ") and what in checks[key], (key, checks)
+    assert "ShardedEmbedding's step settings" in checks["embedding step lr"]
+    assert checks["edge"] == [True, True, True]
+    assert checks["empty"] and checks["schedule"] and checks["lr changed"]
 
 
 # The demo on a small corpus: 200-pair batches cut into 4 micro-batches (uneven ones at the
@@ -159,6 +224,10 @@ def test_demo_distributed_prints_and_writes_the_single_process_bits(tmp_path, ca
         assert a.files == b.files
         for key in a.files:
             assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), key
+    # a usage error, the same on every rank, is printed by rank 0 only
+    proc = mpiexec(2, [*command, "demo", "--distributed", "--micro-batches", "3", *DEMO])
+    assert proc.returncode == 2
+    assert proc.stderr.count("refopt demo: error: --micro-batches 3: must be a multiple") == 1
 
 
 # --------------------------------------------------------------------- in one process
@@ -227,8 +296,13 @@ class _MyAdam(refopt.Adam):
     pass
 
 
+# a subclass of the user's own that happens to be called Adam: refused as well
+Adam = type("Adam", (refopt.Adam,), {})
+
+
 @pytest.mark.parametrize("opt, variables, error, match", [
     (lambda: _MyAdam(), _vars, TypeError, "_MyAdam is not sharded"),
+    (lambda: Adam(), _vars, TypeError, r"TypeError: test_distributed\.Adam is not sharded"),
     (lambda: refopt.Adam(clipnorm=1.0), lambda: [np.ones(3, np.float16)],
      NotImplementedError, "float16"),
 ])
@@ -276,6 +350,14 @@ def test_embedding_refuses_a_non_lazy_optimizer_and_bad_rows():
     table = np.zeros((6, 2), np.float32)
     with pytest.raises(TypeError, match="lazy optimizer"):
         ShardedEmbedding(refopt.Adam(), table, micro_batches=1, comm=SelfComm())
+    with pytest.raises(TypeError, match=r"TypeError: test_distributed\.LazyAdam is not sharded"):
+        ShardedEmbedding(type("LazyAdam", (refopt.LazyAdam,), {})(), table, micro_batches=1,
+                         comm=SelfComm())
+    # a sparse step the configuration refuses: at construction (a trial step), not mid-step
+    with pytest.raises(TypeError, match="weight_decay is not compatible with sparse"):
+        ShardedEmbedding(refopt.Adagrad(weight_decay=0.01, convention="torch",
+                                        backend="reference"), table, micro_batches=1,
+                         comm=SelfComm())
     emb = ShardedEmbedding(refopt.LazyAdam(backend="reference"), table, micro_batches=1,
                            comm=SelfComm())
     with pytest.raises(ValueError, match=r"must lie in \[0, 6\)"):
@@ -284,3 +366,12 @@ def test_embedding_refuses_a_non_lazy_optimizer_and_bad_rows():
     with pytest.raises(ValueError, match=r"dense_shape=\(6, 2\)"):
         emb.apply_gradients([bad])
     assert emb.iterations == 0
+
+
+def test_save_errors_keep_their_os_error_type(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    dist = ShardedOptimizer(refopt.Adam(backend="reference"), _vars(), micro_batches=1,
+                            comm=SelfComm())
+    with pytest.raises(OSError, match="rank 0: (FileExistsError|NotADirectoryError)"):
+        dist.save(blocker / "checkpoint")

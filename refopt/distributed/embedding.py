@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from refopt.distributed._common import agree, check_micro_batches
+from refopt.distributed._common import (
+    agree,
+    check_micro_batches,
+    config_settings,
+    config_text,
+    crc32,
+    current_learning_rate,
+    qualified_name,
+    rebuild,
+    shown,
+)
 from refopt.distributed.comm import get_comm
 from refopt.executors import plan as _plan
 from refopt.indexed_slices import IndexedSlices
@@ -27,12 +37,26 @@ class ShardedEmbedding:
     single-process step on the concatenation of the K micro-batch gradients does, so the
     table and every slot are bit-identical to it for any R.
 
+    Every rank must construct it with the same optimizer (class, configuration,
+    ``iterations``, weight-decay exclusion of the table), table and ``micro_batches``: this is
+    checked at construction (a CRC-32 of the table), and the learning rate, configuration and
+    ``iterations`` of :attr:`optimizer` again at every step (change them, e.g. the learning
+    rate, on every rank alike).
+
     Parameters
     ----------
     optimizer : refopt.Optimizer
-        Unbuilt, lazy on sparse gradients (``LazyAdam``; also ``Adagrad``, ``Ftrl`` where
-        their convention is lazy); its hyperparameters and ``iterations`` are used.
-        ``clipvalue`` and EMA are applied by the owners; norm clipping is refused.
+        Unbuilt, one of refopt's own optimizers (not a subclass) that update only the rows of
+        a sparse gradient under its convention: ``LazyAdam`` (every convention),
+        ``RowWiseAdagrad`` (``exact=True``; its approximate form is not lazy and is
+        refused), ``Adagrad`` (every convention but optax's; not PyTorch's with
+        ``weight_decay``, which refuses sparse gradients),
+        ``Ftrl`` and ``Adadelta`` (``keras2``, ``tf1``), ``Adamax`` (``keras2``), ``SGD``,
+        ``ProximalAdagrad`` and ``ProximalGradientDescent`` (``tf1``). Its class,
+        hyperparameters, learning rate (a schedule object is shared, not copied),
+        ``iterations`` and weight-decay exclusion of ``table`` are used; it is not stepped
+        itself (:attr:`optimizer` is the local one). ``clipvalue`` and EMA are applied by
+        the owners; norm clipping is refused.
     table : ndarray, shape (V, D), float32 or float64
         The initial table, the same on every rank; only this rank's rows are kept (copied).
     micro_batches : int
@@ -42,28 +66,43 @@ class ShardedEmbedding:
     Raises
     ------
     TypeError
-        Not an unbuilt lazy refopt optimizer; a table that is not a 2-d float ndarray.
+        Not an unbuilt lazy refopt optimizer of those classes, or a configuration whose
+        sparse step refuses (a trial step on a one-row copy runs at construction); a table
+        that is not a 2-d float ndarray.
     ValueError
-        A bad ``micro_batches``.
+        A bad ``micro_batches``; settings that differ between ranks (on every rank, naming
+        each setting that differs and the ranks holding each value).
     NotImplementedError
         ``clipnorm`` or ``global_clipnorm`` (a norm over every rank's raw rows).
+
+    Attributes
+    ----------
+    optimizer : refopt.Optimizer
+        This rank's local optimizer, built on its rows (its slots have the local shapes).
     """
 
     def __init__(self, optimizer, table, *, micro_batches, comm=None):
+        import refopt
         from refopt.optimizers.base import Optimizer
 
         self.comm = comm = get_comm(comm)
-        error = None
+        error, settings = None, None
         try:
             if not isinstance(optimizer, Optimizer) or optimizer.built:
                 raise TypeError("`optimizer` must be an unbuilt refopt optimizer. Received: "
                                 f"optimizer={optimizer!r}")
+            cls = type(optimizer)
+            if cls is not getattr(refopt, cls.__name__, None):
+                raise TypeError(
+                    f"{qualified_name(cls)} is not sharded: only refopt's own lazy optimizers "
+                    "are (their sparse updates are known to touch only their rows; a subclass "
+                    f"may change that). Received: optimizer={qualified_name(cls)}")
             if not optimizer._is_lazy():
                 raise TypeError(
-                    f"{type(optimizer).__name__} under convention="
+                    f"{cls.__name__} under convention="
                     f"{optimizer.convention.name!r} does not update only the rows of a sparse "
                     "gradient; a row-sharded table needs a lazy optimizer (LazyAdam). "
-                    f"Received: optimizer={type(optimizer).__name__}")
+                    f"Received: optimizer={cls.__name__}")
             if _plan.clip_kind(optimizer)[0] in ("norm", "global", "several"):
                 raise NotImplementedError(
                     "Norm clipping of a row-sharded table is not supported yet (clipvalue is). "
@@ -77,18 +116,46 @@ class ShardedEmbedding:
                     + (f" shape={table.shape} dtype={table.dtype}"
                        if isinstance(table, np.ndarray) else ""))
             self.micro_batches = check_micro_batches(micro_batches, comm.size)
-        except (TypeError, ValueError, NotImplementedError) as exc:
+            R, r, K = comm.size, comm.rank, self.micro_batches
+            self.shape = table.shape
+            self.dtype = table.dtype
+            self.rows = np.arange(r, table.shape[0], R, dtype=np.int64)  # global ids of mine
+            self.local = np.ascontiguousarray(table[self.rows])
+            excluded = id(table) in optimizer._exclude_ids
+            # a sparse step this configuration refuses (e.g. PyTorch's sparse Adagrad with
+            # weight decay) is refused here, on every rank, not by some owners mid-step
+            probe, row = rebuild(optimizer, optimizer.iterations), np.zeros((1,) + table.shape[1:],
+                                                                             table.dtype)
+            if excluded:
+                probe.exclude_from_weight_decay([row])
+            probe.apply_gradients([(IndexedSlices(row.copy(), np.zeros(1, np.int64), row.shape),
+                                    row)])
+            self.optimizer = rebuild(optimizer, optimizer.iterations)
+            if excluded:
+                self.optimizer.exclude_from_weight_decay([self.local])
+            self.optimizer.build([self.local])
+            self.micro_batch_ids = list(range(r * K // R, (r + 1) * K // R))
+            settings = {
+                "optimizer class": qualified_name(cls),
+                **self._step_settings(per_key=True),
+                "table excluded from weight decay": str(excluded),
+                "micro_batches": str(K),
+                "table (shape, dtype, CRC-32 of the values)": shown(
+                    (table.shape, table.dtype.str, crc32(np.ascontiguousarray(table)))),
+            }
+        except Exception as exc:  # noqa: BLE001 - any error of one rank is every rank's
             error = exc
-        agree(comm, error)
-        R, r, K = comm.size, comm.rank, self.micro_batches
-        self.shape = table.shape
-        self.dtype = table.dtype
-        self.rows = np.arange(r, table.shape[0], R, dtype=np.int64)  # global ids of mine
-        self.local = np.ascontiguousarray(table[self.rows])
-        self.optimizer = type(optimizer).from_config(optimizer.get_config())
-        self.optimizer.iterations = optimizer.iterations
-        self.optimizer.build([self.local])
-        self.micro_batch_ids = list(range(r * K // R, (r + 1) * K // R))
+        agree(comm, error, settings, "The ShardedEmbedding's settings")
+
+    def _step_settings(self, per_key=False):
+        """What must be the same on every rank at each step: :attr:`optimizer`'s
+        configuration (one entry per key, or one digest: cheaper at every step), ``iterations``
+        and learning rate now (a schedule evaluated; may raise ValueError)."""
+        opt = self.optimizer
+        config = (config_settings(opt) if per_key else
+                  {"configuration": shown(config_text(opt))})
+        return {**config, "iterations": str(opt.iterations),
+                "learning rate now": repr(current_learning_rate(opt, opt.iterations))}
 
     @property
     def iterations(self):
@@ -159,6 +226,9 @@ class ShardedEmbedding:
     def apply_gradients(self, micro_grads):
         """One step from this rank's micro-batch gradients (a collective).
 
+        :attr:`optimizer`'s configuration, learning rate and ``iterations`` are compared
+        across ranks first (they may change between steps, alike on every rank).
+
         Parameters
         ----------
         micro_grads : list of IndexedSlices
@@ -175,7 +245,7 @@ class ShardedEmbedding:
         TypeError, ValueError
             On every rank, naming the rank with bad input; nothing has changed anywhere.
         """
-        error = None
+        error, settings = None, None
         try:
             m = len(self.micro_batch_ids)
             if not isinstance(micro_grads, (list, tuple)) or len(micro_grads) != m:
@@ -192,9 +262,10 @@ class ShardedEmbedding:
                         f"{self.dtype}. Received: dense_shape={tuple(g.dense_shape)}, "
                         f"dtype={g.dtype}")
                 self._check_indices(g.indices, f"micro_grads[{j}].indices")
+            settings = self._step_settings()
         except (TypeError, ValueError) as exc:
             error = exc
-        agree(self.comm, error)
+        agree(self.comm, error, settings, "The ShardedEmbedding's step settings")
         R = self.comm.size
         if micro_grads:
             idx = np.concatenate([np.asarray(g.indices, np.int64) for g in micro_grads])
@@ -208,8 +279,16 @@ class ShardedEmbedding:
         return self.optimizer.iterations
 
     def gather_table(self, slot=None):
-        """The whole table (or slot ``slot`` of it, e.g. ``"m"``, ``"average"``) on every
-        rank (a collective, for checks and export).
+        """The whole table (or slot ``slot`` of it, e.g. ``"m"``, ``"average"``,
+        RowWiseAdagrad's ``"accumulator"``) on every rank (a collective, for checks and
+        export).
+
+        Returns
+        -------
+        ndarray
+            ``(V, D)`` for the table; for a slot, ``(V,) + `` the shape of a row of the slot
+            (``(V, D)``, or ``(V,)`` for a per-row slot such as RowWiseAdagrad's
+            accumulator), in the slot's dtype.
 
         Raises
         ------
@@ -224,13 +303,16 @@ class ShardedEmbedding:
             except KeyError as exc:
                 error = exc
         agree(self.comm, error)
-        R, D = self.comm.size, self.shape[1]
-        counts = np.array([len(range(r, self.shape[0], R)) for r in range(R)], np.int64)
-        recv = np.empty(self.shape[0] * D, self.dtype)
-        self.comm.allgatherv(np.ascontiguousarray(src).reshape(-1), recv, counts * D)
-        out = np.empty(self.shape, self.dtype)
+        R, V = self.comm.size, self.shape[0]
+        row_shape = src.shape[1:]  # a slot's own: (D,) or () for a per-row accumulator
+        width = int(np.prod(row_shape))
+        counts = np.array([len(range(r, V, R)) for r in range(R)], np.int64)
+        recv = np.empty(V * width, src.dtype)
+        self.comm.allgatherv(np.ascontiguousarray(src).reshape(-1), recv, counts * width)
+        out = np.empty((V,) + row_shape, src.dtype)
         start = 0
         for r in range(R):
-            out[r::R] = recv[start * D:(start + counts[r]) * D].reshape(-1, D)
-            start += counts[r]
+            n = int(counts[r])
+            out[r::R] = recv[start * width:(start + n) * width].reshape((n,) + row_shape)
+            start += n
         return out

@@ -7,7 +7,7 @@ divides the number of micro-batches K; fast mode is reproducible for a given R o
 from __future__ import annotations
 
 import bisect
-import zlib
+import itertools
 
 import numpy as np
 
@@ -16,9 +16,17 @@ from refopt.distributed import norms as _norms
 from refopt.distributed._common import (
     ELEMENTWISE,
     PER_TENSOR,
+    ShardedCheckpointError,
     agree,
     bounds,
     check_micro_batches,
+    config_settings,
+    config_text,
+    crc32,
+    current_learning_rate,
+    qualified_name,
+    rebuild,
+    shown,
 )
 from refopt.distributed.comm import get_comm
 from refopt.executors import plan as _plan
@@ -116,12 +124,14 @@ class _Group:
             self.bounds = [self.offsets[bisect.bisect_left(self.owners, r)]
                            for r in range(size)] + [self.total]
         self.lo, self.hi = self.bounds[rank], self.bounds[rank + 1]
-        # this rank's pieces: (variable position, start in the variable, start in the slice, n)
+        # this rank's pieces: (variable position, start in the variable, start in the slice, n);
+        # in the "tensor" layout also its zero-size tensors (Adafactor's factored slots of a
+        # (0, n) variable have n elements, and PyTorch's global norm stacks every tensor's)
         self.pieces = []
         for k, i in enumerate(positions):
             a = max(self.offsets[k], self.lo)
             b = min(self.offsets[k + 1], self.hi)
-            if b > a:
+            if b > a or (owners is not None and self.sizes[k] == 0 and self.owners[k] == rank):
                 self.pieces.append((i, a - self.offsets[k], a - self.lo, b - a))
 
     def counts(self):
@@ -173,18 +183,30 @@ class ShardedOptimizer:
     owner clips, decays, updates and averages its part; the updated parts are gathered back
     into every rank's variables.
 
+    Every rank must construct it with the same optimizer (class, configuration,
+    ``iterations``, weight-decay exclusions), the same variables (shapes, dtypes, values) and
+    the same ``micro_batches``, ``mode`` and ``reduction``. This is checked at construction
+    (one small all-gather; the values by a CRC-32 of each variable): a difference raises the
+    same ValueError on every rank, naming each setting that differs and the ranks holding
+    each value. At every step, ``iterations`` and the step's learning rate are compared the
+    same way. Between steps only ``optimizer.learning_rate`` may change (set it on every rank
+    alike; the next step uses it); any other change to ``optimizer``'s configuration is
+    refused at the next step.
+
     Parameters
     ----------
     optimizer : refopt.Optimizer
         Unbuilt; its class, hyperparameters, convention, backend (``"cpu"`` or
-        ``"reference"``), ``iterations`` and weight-decay exclusions are used. It is not
-        stepped itself. One of refopt's optimizers: elementwise (``ELEMENTWISE``: the Adam
-        family, SGD, RMSprop, Adagrad, Adadelta, Adamax, Nadam, Lion, RAdam, ASGD, Rprop,
-        Ftrl) or per tensor (``PER_TENSOR``: Lamb, Adafactor).
+        ``"reference"``), learning rate (a schedule object is used itself, not a copy, so a
+        schedule class of your own works), ``iterations`` and weight-decay exclusions are
+        used. It is not stepped itself. One of refopt's optimizers (not a subclass):
+        elementwise (``ELEMENTWISE``: the Adam family, SGD, RMSprop, Adagrad, Adadelta,
+        Adamax, Nadam, Lion, RAdam, ASGD, Rprop, Ftrl) or per tensor (``PER_TENSOR``: Lamb,
+        Adafactor).
     variables : list of ndarray
         The model's variables, float32 or float64 (float16 without norm clipping),
-        C-contiguous, writeable, the same shapes, dtypes and values on every rank (checked
-        with a CRC-32 at construction).
+        C-contiguous, writeable, the same shapes, dtypes and values on every rank. Zero-size
+        variables are fine; an empty list makes every step a no-op, as one process.
     micro_batches : int
         K, the micro-batches of one global step; a multiple of R.
     comm : Communicator, mpi4py communicator or None
@@ -200,8 +222,8 @@ class ShardedOptimizer:
         ``optimizer`` is not an unbuilt refopt optimizer of those classes; a variable is not
         a float ndarray.
     ValueError
-        A bad ``micro_batches``, ``mode`` or ``reduction``; variables that differ between
-        ranks (shape, dtype or value); a C-contiguity or writeability problem.
+        A bad ``micro_batches``, ``mode`` or ``reduction``; settings or variables that
+        differ between ranks; a C-contiguity or writeability problem.
     NotImplementedError
         Keras 2's several clips in sequence, or norm clipping with float16 variables; Nadam
         over several dtypes (its momentum product takes the first variable's dtype).
@@ -217,21 +239,26 @@ class ShardedOptimizer:
 
     Examples
     --------
-    Run with ``mpiexec -n 2 python train.py``::
+    Run with ``mpiexec -n 2 python -m mpi4py train.py`` (``-m mpi4py`` makes an exception
+    on one rank outside refopt's checked collectives end every rank; without it the other
+    ranks wait forever)::
 
         opt = refopt.Adam(learning_rate=1e-3, global_clipnorm=1.0, backend="cpu")
         dist = ShardedOptimizer(opt, variables, micro_batches=4)
         for step in range(steps):
             grads = [grad_fn(batch(step, k)) for k in dist.micro_batch_ids]
             dist.apply_gradients(grads)   # variables updated on every rank
+            if step == 1000:
+                opt.learning_rate = 1e-4  # on every rank: used from the next step
     """
 
     def __init__(self, optimizer, variables, *, micro_batches, comm=None, mode="exact",
                  reduction="sum"):
+        import refopt
         from refopt.optimizers.base import Optimizer
 
         self.comm = comm = get_comm(comm)
-        error = None
+        error, settings = None, None
         try:
             if not isinstance(optimizer, Optimizer):
                 raise TypeError("`optimizer` must be a refopt optimizer. Received: "
@@ -239,12 +266,14 @@ class ShardedOptimizer:
             if optimizer.built:
                 raise ValueError("`optimizer` must not be built yet (its state is sharded). "
                                  f"Received: optimizer={optimizer!r} (built)")
-            name = type(optimizer).__name__
-            if name not in ELEMENTWISE + PER_TENSOR:
+            cls = type(optimizer)
+            name = cls.__name__
+            if name not in ELEMENTWISE + PER_TENSOR or cls is not getattr(refopt, name, None):
                 raise TypeError(
-                    f"{name} is not sharded: only refopt's own optimizers are (their updates "
-                    f"are known to be elementwise or per tensor): "
-                    f"{', '.join(ELEMENTWISE + PER_TENSOR)}. Received: optimizer={name}")
+                    f"{qualified_name(cls)} is not sharded: only refopt's own optimizers are "
+                    "(their updates are known to be elementwise or per tensor; a subclass "
+                    f"may change that): {', '.join(ELEMENTWISE + PER_TENSOR)}. Received: "
+                    f"optimizer={qualified_name(cls)}")
             if mode not in MODES:
                 raise ValueError(f"`mode` must be one of {MODES}. Received: mode={mode!r}")
             if reduction not in ("sum", "mean"):
@@ -266,38 +295,55 @@ class ShardedOptimizer:
                 raise NotImplementedError(
                     "Nadam over variables of several dtypes is not sharded (its momentum "
                     f"product takes the first variable's dtype). Received dtypes {dtypes}")
-        except (TypeError, ValueError, NotImplementedError) as exc:
+            self.mode = mode
+            self.reduction = reduction
+            self.variables = variables
+            self.optimizer = optimizer
+            self._clip_kind = kind
+            self._iterations = optimizer.iterations
+            R, K = comm.size, self.micro_batches
+            self.micro_batch_ids = list(range(comm.rank * K // R, (comm.rank + 1) * K // R))
+            torch_norm = (kind in ("norm", "global")
+                          and optimizer.convention.clip_formula == "torch")
+            self.layout = "tensor" if name in PER_TENSOR or torch_norm else "slice"
+            owners = (tensor_owners([v.nbytes for v in variables], R)
+                      if self.layout == "tensor" else None)
+            self.groups = [_Group(dt, [i for i, v in enumerate(variables) if v.dtype == dt],
+                                  variables, R, comm.rank, owners) for dt in dtypes]
+            self._buffers = {}
+            self._config = config_text(optimizer, learning_rate=False)
+            self._excluded_ids = set(optimizer._exclude_ids)
+            self._build_local(optimizer.iterations)
+            # everything that must be the same on every rank (compared below)
+            settings = {
+                "optimizer class": qualified_name(cls),
+                **config_settings(optimizer),
+                "learning rate now": repr(current_learning_rate(optimizer, self._iterations)),
+                "iterations": str(self._iterations),
+                "weight-decay exclusions (positions)": shown(
+                    optimizer._excluded_positions(variables)),
+                "mode": mode, "reduction": reduction, "micro_batches": str(K),
+                "layout": self.layout,
+                "number of variables": str(len(variables)),
+                "variables' shapes and dtypes": shown([(v.shape, v.dtype.str)
+                                                       for v in variables]),
+                "variables' values (CRC-32 of each)": shown([crc32(v) for v in variables]),
+            }
+        except Exception as exc:  # noqa: BLE001 - any error of one rank is every rank's
             error = exc
-        agree(comm, error)
-        specs = [(v.shape, v.dtype.str, zlib.crc32(memoryview(v).cast("B"))) for v in variables]
-        agree(comm, None if len(set(map(repr, comm.allgather_obj(specs)))) == 1 else ValueError(
-            "`variables` differ between ranks (shape, dtype or values; every rank must start "
-            "from the same variables)."))
-        self.mode = mode
-        self.reduction = reduction
-        self.variables = variables
-        self.optimizer = optimizer
-        self._clip_kind = kind
-        self.iterations = optimizer.iterations
-        R, K = comm.size, self.micro_batches
-        self.micro_batch_ids = list(range(comm.rank * K // R, (comm.rank + 1) * K // R))
-        torch_norm = kind in ("norm", "global") and optimizer.convention.clip_formula == "torch"
-        self.layout = "tensor" if name in PER_TENSOR or torch_norm else "slice"
-        owners = (tensor_owners([v.nbytes for v in variables], R) if self.layout == "tensor"
-                  else None)
-        self.groups = [_Group(dt, [i for i, v in enumerate(variables) if v.dtype == dt],
-                              variables, R, comm.rank, owners) for dt in dtypes]
-        self._buffers = {}
-        self._build_local(optimizer.iterations)
+        agree(comm, error, settings, "The ShardedOptimizer's settings")
+
+    @property
+    def iterations(self):
+        """int: the global steps applied (the wrapped optimizer's ``iterations`` at
+        construction, or the checkpoint's after :meth:`load`, plus the steps since)."""
+        return self._iterations
 
     # ------------------------------------------------------------------ local optimizer
     def _build_local(self, iterations):
         proto = self.optimizer
-        config = dict(proto.get_config())
-        for key in _CLIP_KEYS:  # clipping happens here, on the whole gradient's numbers
-            config[key] = None
-        local = type(proto).from_config(config)
-        local.iterations = iterations
+        # clipping happens here, on the whole gradient's numbers
+        local = rebuild(proto, iterations, **dict.fromkeys(_CLIP_KEYS))
         pieces, owners = [], []
         for grp in self.groups:
             for i, start, _, n in grp.pieces:
@@ -341,7 +387,12 @@ class ShardedOptimizer:
                     f"micro_grads[{j}] must be a list of {n} gradients (one per variable). "
                     f"Received: {type(grads).__name__}"
                     + (f" of length {len(grads)}" if hasattr(grads, '__len__') else ""))
+        out = []
+        for j, grads in enumerate(micro_grads):
+            row = []
             for i, (g, v) in enumerate(zip(grads, self.variables)):
+                if isinstance(g, np.generic) and v.ndim == 0:
+                    g = np.asarray(g)  # a NumPy scalar for a 0-d variable, as one process
                 if type(g) is not np.ndarray:
                     raise TypeError(
                         f"micro_grads[{j}][{i}] must be a dense numpy.ndarray (None and "
@@ -351,9 +402,26 @@ class ShardedOptimizer:
                     raise ValueError(
                         f"micro_grads[{j}][{i}] must have its variable's shape {v.shape} "
                         f"and dtype {v.dtype}. Received: shape={g.shape}, dtype={g.dtype}")
-        proto = self.optimizer
-        if isinstance(proto._learning_rate, _schedules.LearningRateSchedule):
-            proto._evaluate_schedule(proto._learning_rate, self.iterations)  # may raise
+                row.append(g)
+            out.append(row)
+        if set(self.optimizer._exclude_ids) != self._excluded_ids:
+            raise ValueError(
+                "The wrapped optimizer's weight-decay exclusions changed after the "
+                "ShardedOptimizer was constructed (only its learning_rate may change between "
+                "steps; build a new ShardedOptimizer for others).")
+        changed = config_text(self.optimizer, learning_rate=False)
+        if changed != self._config:
+            import json
+
+            before, now = json.loads(self._config), json.loads(changed)
+            keys = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            raise ValueError(
+                "The wrapped optimizer's settings changed after the ShardedOptimizer was "
+                "constructed (only its learning_rate may change between steps; build a new "
+                "ShardedOptimizer for others): "
+                + ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in keys))
+        # the step's learning rate (a schedule evaluated now; may raise)
+        return out, current_learning_rate(self.optimizer, self._iterations)
 
     def _buffer(self, key, n, dtype):
         """A buffer of ``n`` elements kept between steps (a fresh large array each step
@@ -554,7 +622,8 @@ class ShardedOptimizer:
         ----------
         micro_grads : list of list of ndarray
             For each of this rank's micro-batches (:attr:`micro_batch_ids`, in that order),
-            one dense gradient per variable, with its variable's shape and dtype.
+            one dense gradient per variable, with its variable's shape and dtype (a NumPy
+            scalar of that dtype for a 0-d variable).
 
         Returns
         -------
@@ -566,21 +635,27 @@ class ShardedOptimizer:
         TypeError, ValueError
             On every rank, naming the rank whose input is bad (a missing or extra
             micro-batch, a gradient of another shape, dtype or type, a schedule that gives
-            a bad learning rate; TensorFlow's mixed-dtype refusal of a global norm). Raised
-            before any data moves: no variable or state has changed on any rank.
+            a bad learning rate; TensorFlow's mixed-dtype refusal of a global norm; a change
+            of the optimizer's configuration other than its learning rate), or the ranks
+            whose ``iterations`` or learning rate differ. Raised before any data moves: no
+            variable or state has changed on any rank.
         """
-        error = None
+        error, settings = None, None
         try:
-            self._check(micro_grads)
+            micro_grads, lr = self._check(micro_grads)
             if (self._clip_kind == "global" and len(self.groups) > 1
                     and self.optimizer.convention.clip_formula == "tf"):
                 raise TypeError(
                     "All gradients of a global norm must have the same dtype (TensorFlow "
                     "refuses to stack mixed dtypes). Received dtypes "
                     f"{sorted(g.dtype.name for g in self.groups)}")
+            settings = {"iterations": str(self._iterations), "learning rate": repr(lr)}
         except (TypeError, ValueError, KeyError) as exc:
             error = exc
-        agree(self.comm, error)
+        agree(self.comm, error, settings, "The ShardedOptimizer's step settings")
+        if not self.variables:  # one process: an empty step is a no-op, the counter stays
+            return self._iterations
+        self._sync_learning_rate(lr)
         with np.errstate(all="ignore"):
             totals = [self._reduce(g, grp, micro_grads) for g, grp in enumerate(self.groups)]
         self._clip(totals)
@@ -592,8 +667,19 @@ class ShardedOptimizer:
         if self.pieces:
             self.local.apply_gradients(list(zip(grads, self.pieces)))
         self._allgather_variables()
-        self.iterations += 1
-        return self.iterations
+        self._iterations += 1
+        return self._iterations
+
+    def _sync_learning_rate(self, value):
+        """Give the local optimizer the wrapped one's learning rate (a float or schedule the
+        user set between steps; ``value``: its value at this step, already checked)."""
+        lr, local = self.optimizer._learning_rate, self.local
+        if isinstance(lr, _schedules.LearningRateSchedule):
+            if local._learning_rate is not lr:
+                local._learning_rate = lr
+                local._current_learning_rate = value
+        elif local._learning_rate != lr:
+            local.learning_rate = lr
 
     def _allgather_variables(self):
         if self.comm.size == 1:  # the pieces are views of the variables: nothing to gather
@@ -739,7 +825,7 @@ class ShardedOptimizer:
             manifest = {
                 "format": "refopt.distributed.ShardedOptimizer/1",
                 "ranks": comm.size,
-                "iterations": int(self.iterations),
+                "iterations": int(self._iterations),
                 "optimizer": type(self.optimizer).__name__,
                 "config": _jsonable(self.optimizer.get_config()),
                 "slots": list(self.local.slot_names),
@@ -761,21 +847,31 @@ class ShardedOptimizer:
         agree(comm, error)
 
     def load(self, directory):
-        """Restore a checkpoint written by :meth:`save` with any number of ranks (a
-        collective); all or nothing on every rank.
+        """Restore a checkpoint written by :meth:`save` with any number of ranks and either
+        layout (a collective); all or nothing on every rank.
 
-        The layout is re-sharded to this run's R. Every rank checks the manifest against
-        this optimizer (class, slots, dtypes and shapes of the variables) and every shard's
-        size and SHA-256 before anything is written; then sets the variables, its parts of
-        every slot and average, and ``iterations``.
+        The checkpoint is re-sharded to this run's R and layout: one saved in the
+        ``"slice"`` layout loads into the ``"tensor"`` layout and back (e.g. Adam with
+        ``clipnorm`` saved under ``convention="tf_keras"``, loaded under ``"torch"``). Every
+        rank checks, before anything is written: the manifest's fields and their consistency
+        (each shard's file name at its position, each group's order of variables and bounds
+        as :meth:`save` writes them for the saved R and layout), the manifest against this
+        optimizer (class, slots, and the position, dtype and shape of every variable), every
+        shard's size, SHA-256 and arrays, and that every rank read the same manifest. The
+        saved configuration is not compared: the state is loaded into this optimizer as it
+        is configured (hyperparameters, convention, learning rate). Then it sets the
+        variables, its parts of every slot and average, and ``iterations``.
 
         Raises
         ------
-        FileNotFoundError
-            No manifest, or a missing shard (on every rank; nothing loaded).
+        FileNotFoundError, OSError
+            No manifest, a missing or unreadable shard (on every rank; nothing loaded).
+        ShardedCheckpointError
+            A :class:`ValueError`: a malformed or inconsistent manifest, a truncated or
+            altered shard (size, SHA-256 or arrays), or a checkpoint of another optimizer
+            class, other slots or other variables (on every rank; nothing loaded).
         ValueError
-            A truncated or altered shard (size or SHA-256), or a checkpoint of another
-            optimizer or layout (on every rank; nothing loaded).
+            The ranks read different manifests (on every rank; nothing loaded).
 
         Notes
         -----
@@ -784,37 +880,21 @@ class ShardedOptimizer:
         """
         import hashlib
         import io
-        import json
         import os
 
-        error, per_var = None, None
+        error, settings, per_var, iterations = None, None, None, None
         try:
             path = os.path.join(directory, "manifest.json")
             if not os.path.exists(path):
                 raise FileNotFoundError(f"No manifest.json in {directory!r}: not a complete "
                                         "sharded checkpoint (the manifest is written last).")
-            with open(path) as f:
-                man = json.load(f)
-            saved = []  # per group: (dtype, positions in the saved flat order, shapes)
-            for grp, g in zip(self.groups, man["groups"]):
-                positions = g.get("positions", sorted(grp.positions))
-                shapes = ([tuple(sh) for sh in g["shapes"]] if "shapes" in g
-                          else [self.variables[i].shape for i in positions])
-                saved.append((g["dtype"], positions, shapes))
-            want = [sorted((i, grp.dtype.str, tuple(self.variables[i].shape))
-                           for i in grp.positions) for grp in self.groups]
-            have = [sorted((i, dt, sh) for i, sh in zip(pos, shapes))
-                    for dt, pos, shapes in saved]
-            if (man["optimizer"] != type(self.optimizer).__name__
-                    or len(man["groups"]) != len(self.groups) or want != have
-                    or man["slots"] != list(self.local.slot_names)):
-                raise ValueError(
-                    f"The checkpoint in {directory!r} is of {man['optimizer']} with slots "
-                    f"{man['slots']} over variables (position, dtype, shape) {have}; this "
-                    f"optimizer is {type(self.optimizer).__name__} with slots "
-                    f"{list(self.local.slot_names)} over {want}.")
+            with open(path, "rb") as f:
+                raw = f.read()
+            man, saved = self._check_manifest(raw, directory)
+            iterations = man["iterations"]
+            current_learning_rate(self.optimizer, iterations)  # a schedule that fails there
             files = []
-            for shard in man["shards"]:
+            for r, shard in enumerate(man["shards"]):
                 p = os.path.join(directory, shard["file"])
                 if not os.path.exists(p):
                     raise FileNotFoundError(f"Shard {shard['file']!r} of the checkpoint in "
@@ -823,36 +903,51 @@ class ShardedOptimizer:
                     data = f.read()
                 if len(data) != shard["bytes"] or hashlib.sha256(data).hexdigest() != shard[
                         "sha256"]:
-                    raise ValueError(
+                    raise ShardedCheckpointError(
                         f"Shard {shard['file']!r} of the checkpoint in {directory!r} is "
                         f"truncated or altered: {len(data)} bytes, expected {shard['bytes']} "
                         "with the SHA-256 in manifest.json.")
-                with np.load(io.BytesIO(data)) as z:
-                    files.append({k: z[k] for k in z.files})
+                try:
+                    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                        files.append({k: z[k] for k in z.files})
+                except Exception as exc:  # noqa: BLE001 - any unreadable content
+                    raise ShardedCheckpointError(
+                        f"Shard {shard['file']!r} of the checkpoint in {directory!r} is not a "
+                        f"readable .npz file: {type(exc).__name__}: {exc}") from None
             per_var = {}  # (variable, "param" or slot) -> its whole flat array
-            for g, (grp, (_, positions, shapes)) in enumerate(zip(self.groups, saved)):
+            for g, (grp, (positions, shapes, counts)) in enumerate(zip(self.groups, saved)):
                 for key in ["param"] + list(self.local.slot_names):
-                    full = np.concatenate([f[f"g{g}_{key}"] for f in files])
-                    sizes = [int(np.prod(sh if key == "param" else self._slot_shape(key, sh)))
-                             for sh in shapes]
-                    if full.shape != (sum(sizes),) or full.dtype != grp.dtype:
-                        raise ValueError(
-                            f"The checkpoint's {key!r} of dtype {grp.dtype} has shape "
-                            f"{full.shape}, dtype {full.dtype}; expected ({sum(sizes)},) "
-                            f"{grp.dtype}.")
+                    parts = []
+                    for r, f in enumerate(files):
+                        part = f.get(f"g{g}_{key}")
+                        want = counts[key][r]
+                        if part is None or part.shape != (want,) or part.dtype != grp.dtype:
+                            raise ShardedCheckpointError(
+                                f"Shard {man['shards'][r]['file']!r} of the checkpoint in "
+                                f"{directory!r}: array 'g{g}_{key}' is "
+                                + ("missing" if part is None else
+                                   f"of shape {part.shape}, dtype {part.dtype}")
+                                + f"; the manifest gives ({want},) {grp.dtype}.")
+                        parts.append(part)
+                    full = np.concatenate(parts)
                     start = 0
-                    for i, n in zip(positions, sizes):
+                    for i, sh in zip(positions, shapes):
+                        n = int(np.prod(sh if key == "param" else self._slot_shape(key, sh)))
                         per_var[(i, key)] = full[start:start + n]
                         start += n
-        except (OSError, ValueError, KeyError) as exc:
+            settings = {"manifest.json (SHA-256)": hashlib.sha256(raw).hexdigest()}
+        except ShardedCheckpointError as exc:
             error = exc
-        agree(self.comm, error)
+        except Exception as exc:  # noqa: BLE001 - whatever one rank meets, every rank raises
+            error = exc if isinstance(exc, OSError) else ShardedCheckpointError(
+                f"The checkpoint in {directory!r} is malformed: {type(exc).__name__}: {exc}")
+        agree(self.comm, error, settings, f"The checkpoints that the ranks load ({directory!r})")
         # nothing can fail from here on
-        self.iterations = int(man["iterations"])
+        self._iterations = iterations
         for grp in self.groups:
             for i in grp.positions:
                 self.variables[i].reshape(-1)[:] = per_var[(i, "param")]
-        self._build_local(self.iterations)
+        self._build_local(self._iterations)
         for grp in self.groups:
             for p, (i, start, _, n) in zip(self._group_pieces(grp), grp.pieces):
                 for slot in self.local.slot_names:
@@ -860,6 +955,116 @@ class ShardedOptimizer:
                     dst = self.local.get_slot(p, slot)
                     src = full if self.layout == "tensor" else full[start:start + n]
                     np.copyto(dst, src.reshape(dst.shape))
+
+    def _check_manifest(self, raw, directory):
+        """The manifest (``raw``: the bytes of manifest.json) checked field by field, for
+        consistency, and against this optimizer; returns it and, per group, the saved
+        ``(positions, shapes, counts)`` (``counts[key][r]``: shard ``r``'s number of elements
+        of ``"param"`` or a slot)."""
+        import json
+
+        def bad(msg):
+            return ShardedCheckpointError(f"The manifest.json in {directory!r} {msg}")
+
+        def is_int(x, low=0):
+            return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+        def int_list(x, n=None, low=0):
+            return (isinstance(x, list) and all(is_int(v, low) for v in x)
+                    and (n is None or len(x) == n))
+
+        try:
+            man = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise bad(f"is not valid JSON: {exc}") from None
+        if not isinstance(man, dict):
+            raise bad(f"must hold a JSON object. Received: {type(man).__name__}")
+        fmt = "refopt.distributed.ShardedOptimizer/1"
+        if man.get("format") != fmt:
+            raise bad(f"has format={man.get('format')!r}; expected {fmt!r}.")
+        R = man.get("ranks")
+        checks = [
+            ("ranks", is_int(R, 1), "an int >= 1"),
+            ("iterations", is_int(man.get("iterations")) and man["iterations"] < 2**63,
+             "an int in [0, 2**63 - 1]"),
+            ("optimizer", isinstance(man.get("optimizer"), str), "a str"),
+            ("config", isinstance(man.get("config"), dict), "an object"),
+            ("slots", isinstance(man.get("slots"), list)
+             and all(isinstance(x, str) for x in man["slots"]), "a list of str"),
+            ("layout", man.get("layout") in LAYOUTS, f"one of {LAYOUTS}"),
+            ("groups", isinstance(man.get("groups"), list)
+             and all(isinstance(g, dict) for g in man["groups"]), "a list of objects"),
+            ("shards", isinstance(man.get("shards"), list) and is_int(R, 1)
+             and len(man["shards"]) == R and all(
+                 isinstance(x, dict) and isinstance(x.get("file"), str)
+                 and isinstance(x.get("sha256"), str) and is_int(x.get("bytes"))
+                 for x in man["shards"]),
+             "a list of `ranks` objects with file (str), sha256 (str), bytes (int)"),
+        ]
+        for key, ok, what in checks:
+            if not ok:
+                raise bad(f"has a malformed {key!r}: expected {what}. Received: "
+                          + (f"{key}={shown(repr(man[key]))}" if key in man else "(absent)"))
+        for r, shard in enumerate(man["shards"]):
+            name = f"shard-{r:05d}-of-{R:05d}.npz"
+            if shard["file"] != name:
+                raise bad(f"lists {shard['file']!r} as shard {r} of {R}; expected {name!r} "
+                          "(entries reordered or renamed).")
+        me = type(self.optimizer).__name__
+        mine = list(self.local.slot_names)
+        want = [[(i, grp.dtype.str, tuple(self.variables[i].shape)) for i in sorted(
+            grp.positions)] for grp in self.groups]
+        if man["optimizer"] != me or man["slots"] != mine:
+            raise bad(f"is of {man['optimizer']} with slots {man['slots']}; this optimizer is "
+                      f"{me} with slots {mine}.")
+        # what save() writes for these variables with the saved R and layout
+        owners = (tensor_owners([v.nbytes for v in self.variables], R)
+                  if man["layout"] == "tensor" else None)
+        expect = [_Group(grp.dtype, sorted(grp.positions), self.variables, R, 0, owners)
+                  for grp in self.groups]
+        have, saved = [], []
+        if len(man["groups"]) != len(self.groups):
+            raise bad(f"has {len(man['groups'])} groups (dtypes); this optimizer's variables "
+                      f"have {len(self.groups)}: {[g.dtype.str for g in self.groups]}.")
+        for k, (g, exp) in enumerate(zip(man["groups"], expect)):
+            positions = g.get("positions", exp.positions)  # absent: older manifests
+            shapes = g.get("shapes", [list(self.variables[i].shape) for i in exp.positions]
+                           if int_list(positions) else None)
+            if (not isinstance(g.get("dtype"), str) or not int_list(positions)
+                    or not isinstance(shapes, list) or len(shapes) != len(positions)
+                    or not all(int_list(sh) for sh in shapes)
+                    or not int_list(g.get("bounds"), R + 1)):
+                raise bad(f"has a malformed group {k}: expected dtype (str), positions (list "
+                          f"of int), shapes (a list of int lists, one per position), bounds "
+                          f"({R + 1} ints). Received: {shown(g)}")
+            have.append(sorted((i, g["dtype"], tuple(sh)) for i, sh in zip(positions, shapes)))
+            saved.append((positions, [tuple(sh) for sh in shapes], g["bounds"], exp))
+        if have != want:
+            raise bad(f"is over variables (position, dtype, shape) {shown(have)}; this "
+                      f"optimizer's are {shown(want)}.")
+        out = []
+        for k, (positions, shapes, b, exp) in enumerate(saved):
+            if positions != exp.positions:
+                raise bad(f"lists group {k}'s variables in the order {shown(positions)}; "
+                          f"save() writes {shown(exp.positions)} for {R} ranks in the "
+                          f"{man['layout']!r} layout (entries permuted).")
+            ok = (b == exp.bounds if owners is not None else
+                  b[0] == 0 and b[-1] == exp.total and all(x <= y for x, y in itertools.pairwise(b)))
+            if not ok:
+                raise bad(f"has bounds {shown(b)} for group {k}; expected "
+                          + (f"{shown(exp.bounds)}" if owners is not None else
+                             f"non-decreasing from 0 to {exp.total}") + ".")
+            counts = {"param": [b[r + 1] - b[r] for r in range(R)]}
+            for slot in mine:
+                if owners is None:
+                    counts[slot] = counts["param"]
+                else:
+                    per = [0] * R
+                    for r, sh in zip(exp.owners, shapes):
+                        per[r] += int(np.prod(self._slot_shape(slot, sh)))
+                    counts[slot] = per
+            out.append((positions, shapes, counts))
+        return man, out
 
 
 def _jsonable(config):

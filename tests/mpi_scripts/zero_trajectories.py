@@ -82,6 +82,14 @@ CASES = [
      "sum"),
     ("Adafactor", {"min_dim_size_to_factor": 4, "learning_rate": None}, "optax",
      ["float32"], "sum"),
+    ("RowWiseAdagrad", {"weight_decay": 0.1, "weight_decay_mode": "decoupled",
+                        "global_clipnorm": 1.0}, "fbgemm", ["float32"], "sum"),
+    # the sparse family's dense steps: elementwise (TF1's proximal ops)
+    ("ProximalAdagrad", {"l1_regularization_strength": 0.01,
+                         "l2_regularization_strength": 0.1, "clipnorm": 1.0}, "tf1",
+     ["float32", "float64"], "sum"),
+    ("ProximalGradientDescent", {"l1_regularization_strength": 0.05}, "tf1", ["float32"],
+     "mean"),
 ]
 
 
