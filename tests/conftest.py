@@ -17,14 +17,14 @@ from hypothesis import settings
 
 # Hypothesis profiles, chosen with REFOPT_HYPOTHESIS_PROFILE (default "ci"):
 #   ci  - deterministic (examples derived from each test's source, no example database), about
-#         60 examples per test, no deadline (CI machines are slow and noisy), and a reproduction
+#         40 examples per test, no deadline (CI machines are slow and noisy), and a reproduction
 #         blob printed with every failure.
 #   dev - 1000 random examples per test, for a thorough local search.
 settings.register_profile(
     "ci",
     derandomize=True,
     database=None,
-    max_examples=60,
+    max_examples=40,
     deadline=None,
     print_blob=True,
 )
