@@ -7,10 +7,12 @@ API (:class:`Adam`, :class:`AdamW`, :class:`LazyAdam`, :class:`SGD`), learning-r
 """
 
 from refopt.indexed_slices import IndexedSlices
-from refopt import reference, schedules
+from refopt import lr_scheduler, reference, schedules
+from refopt import optax_schedules  # optax's schedules (issue 12 item 8)
 from refopt.optimizers import (
     ASGD,
     SGD,
+    SGDW,
     Adadelta,
     Adafactor,
     Adagrad,
@@ -30,6 +32,12 @@ from refopt.optimizers import (
     Rprop,
     RowWiseAdagrad,
 )
+# the wrappers (not in __all__: the per-class shortcuts are for optimizers; see
+# refopt.optimizers.WRAPPERS)
+from refopt.optimizers.loss_scale import GradScaler as GradScaler
+from refopt.optimizers.loss_scale import LossScaleOptimizer as LossScaleOptimizer
+from refopt.optimizers.multi_steps import MultiSteps as MultiSteps
+from refopt.master_weights import MasterWeights  # float32 masters of float16/bfloat16
 from refopt.checkpoint import load_checkpoint, save_checkpoint
 from refopt import functional
 
@@ -52,16 +60,20 @@ __all__ = [
     "functional",
     "IndexedSlices",
     "LazyAdam",
+    "MasterWeights",
     "Lion",
     "Nadam",
     "Optimizer",
     "RAdam",
     "RMSprop",
     "SGD",
+    "SGDW",
     "load_checkpoint",
     "reference",
     "save_checkpoint",
     "schedules",
+    "lr_scheduler",
+    "optax_schedules",
     "__version__",
 ]
 

@@ -33,6 +33,12 @@ An uncompressed ``.npz`` (``numpy.load``) with
   in files written before refopt saved it, which load as excluding nothing);
 - ``slot_{name}_{i}``: slot ``name`` of variable ``i`` (when built);
 - ``variable_{i}``: variable ``i`` (when saved);
+- ``gradient_accumulator_{i}``: the gradient accumulator of variable ``i`` (Keras 3's
+  ``gradient_accumulation_steps``, optax's ``MultiSteps``; ``meta`` then has
+  ``gradient_accumulation_micro_steps``); a wrapper's own scalars (``LossScaleOptimizer``'s
+  ``loss_scale``, ``MultiSteps``' ``multi_steps``) are keys of ``meta``;
+- bfloat16 arrays (``ml_dtypes.bfloat16`` variables and slots) are stored as their uint16
+  bits, and named in the meta's ``bfloat16_arrays`` (absent when there are none);
 - ``sha256``: hex digest of every other entry (name, dtype, shape and bytes, in sorted name
   order), checked on load on top of the zip format's CRC-32.
 
@@ -54,6 +60,7 @@ from typing import NamedTuple
 import numpy as np
 
 from refopt import _foreign
+from refopt import precision as _precision
 from refopt.optimizers.base import Optimizer
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "Restored", "load_checkpoint", "save_checkpoint"]
@@ -165,6 +172,11 @@ def _slot_shape(optimizer, name, shape):
 
 
 def _write_file(path, meta, arrays):
+    # .npz has no bfloat16: its arrays are stored as their uint16 bits, named in the meta
+    bf16 = sorted(k for k, a in arrays.items() if a.dtype == _precision.BFLOAT16)
+    if bf16:
+        meta = dict(meta, bfloat16_arrays=bf16)
+        arrays = {k: (a.view(np.uint16) if k in bf16 else a) for k, a in arrays.items()}
     arrays = dict(arrays, meta=np.array(json.dumps(meta)))
     arrays["sha256"] = np.array(_digest(arrays))
     _write_atomic(path, arrays)
@@ -241,6 +253,9 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
             for name in names:
                 arrays[f"slot_{name}_{i}"] = sd["slots"][name][pos]
             steps.append(sd["variable_steps"][pos])
+            if "gradient_accumulation" in sd:  # Keras 3's accumulators, in the file's order
+                arrays[f"gradient_accumulator_{i}"] = (
+                    sd["gradient_accumulation"]["accumulators"][pos])
             if pos in sd["excluded_from_weight_decay"]:
                 excluded.append(i)
     else:  # not built: the exclusions name arrays; record those among `variables`
@@ -266,6 +281,10 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
         "variable_steps": steps,
         "excluded_from_weight_decay": excluded,
     }
+    for key in getattr(optimizer, "_EXTRA_STATE_KEYS", ()):  # a wrapper's own state (JSON)
+        meta[key] = _jsonable(sd[key])
+    if "gradient_accumulation" in sd:  # gradient_accumulation_steps: Keras 3's raw counter
+        meta["gradient_accumulation_micro_steps"] = sd["gradient_accumulation"]["micro_steps"]
     _write_file(path, meta, arrays)
     return meta
 
@@ -313,6 +332,15 @@ def _read(path):
             "refopt to load it."
         )
     _check_meta(meta, path)
+    bf16 = meta.get("bfloat16_arrays", [])
+    if not isinstance(bf16, list) or not all(
+            isinstance(arrays.get(k), np.ndarray) and arrays[k].dtype == np.uint16
+            for k in bf16):
+        raise CheckpointError(
+            f"The checkpoint {path} has damaged metadata: 'bfloat16_arrays' must name its "
+            f"uint16 arrays that hold bfloat16 bits. Received: {bf16!r}.")
+    for k in bf16:
+        arrays[k] = arrays[k].view(_precision.BFLOAT16)
     return meta, arrays
 
 
@@ -341,8 +369,9 @@ def _check_meta(meta, path):
         raise bad("shapes", "a list of shapes (lists of integers >= 0)")
     dtypes = meta.get("dtypes")
     if not isinstance(dtypes, list) or len(dtypes) != len(shapes) or not all(
-            d in ("float16", "float32", "float64") for d in dtypes):
-        raise bad("dtypes", f"a list of {len(shapes)} names among float16, float32, float64 "
+            d in ("float16", "bfloat16", "float32", "float64") for d in dtypes):
+        raise bad("dtypes", f"a list of {len(shapes)} names among float16, bfloat16, "
+                  "float32, float64 "
                   "(one per shape)")
     if not isinstance(meta.get("slots"), list) or not all(
             isinstance(n, str) for n in meta["slots"]):
@@ -391,7 +420,7 @@ def _optimizer_class(name, custom_objects, path):
     import refopt.optimizers as _optimizers
 
     cls = (custom_objects or {}).get(name)
-    if cls is None and name in _optimizers.__all__:
+    if cls is None and (name in _optimizers.__all__ or name in _optimizers.WRAPPERS):
         cls = getattr(_optimizers, name)
     if not (isinstance(cls, type) and issubclass(cls, Optimizer)) or cls is Optimizer:
         raise CheckpointError(
@@ -613,6 +642,16 @@ def _load(path, optimizer, variables, restore_variables, meta=None, arrays=None)
     state = {"class": meta["class"], "config": meta["config"], "iterations": meta.get("iterations"),
              "learning_rate": lr, "built": bool(meta["built"]), "slot_names": list(names),
              "slots": slots, "variable_steps": steps if isinstance(steps, list) else [steps]}
+    for key in getattr(optimizer, "_EXTRA_STATE_KEYS", ()):  # a wrapper's own state
+        state[key] = meta.get(key)
+    if "gradient_accumulation_micro_steps" in meta:  # and the accumulators, when built
+        state["gradient_accumulation"] = {
+            "micro_steps": meta["gradient_accumulation_micro_steps"],
+            "accumulators": [_expect(arrays, f"gradient_accumulator_{i}", s,
+                                     getattr(arrays.get(f"gradient_accumulator_{i}"), "dtype",
+                                             d), p)  # MultiSteps' may be float32
+                             for i, (s, d) in enumerate(zip(shapes, dtypes))]
+            if meta["built"] else []}
     excluded = meta.get("excluded_from_weight_decay")  # absent in older files: none saved
     unbuilt_exclusions = None
     try:  # all or nothing: it checks everything, then builds and writes the slots

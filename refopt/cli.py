@@ -1053,7 +1053,8 @@ def _info_optimizers():
         for conv in PRESETS:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                for kwargs in ({}, {"learning_rate": 0.01}):  # some have no default rate there
+                # some have no default rate there; TF-Addons' AdamW and SGDW no default decay
+                for kwargs in ({}, {"learning_rate": 0.01}, {"weight_decay": 0.01}):
                     try:
                         cls(convention=conv, backend="reference", **kwargs)
                     except TypeError:

@@ -88,6 +88,10 @@ def load_case(entry):
     """
     with (_data() / entry["file"]).open("rb") as f:
         z = dict(np.load(f))
+    if entry["dtype"] == "bfloat16":  # stored as the uint16 bits (.npz has no bfloat16)
+        from refopt.precision import BFLOAT16
+
+        z = {k: (a.view(BFLOAT16) if a.dtype == np.uint16 else a) for k, a in z.items()}
     n, steps = len(entry["shapes"]), entry["steps"]
     init = [z[f"init/{i}"] for i in range(n)]
     grads = []
@@ -214,6 +218,11 @@ def replay(entry, backend="reference"):
     worst, where = 0.0, "all equal"
     try:
         opt = _optimizer(entry, backend)
+        sched = None
+        if entry.get("lr_scheduler"):  # torch.optim.lr_scheduler, stepped after each step
+            from refopt.lr_scheduler import from_config
+
+            sched = from_config(opt, entry["lr_scheduler"])
         variables = [io.make(a) for a in init]
         for k in range(entry["steps"]):
             if tol > 0 and k > 0:  # resync: the bound is per step
@@ -225,6 +234,8 @@ def replay(entry, backend="reference"):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # None gradients warn, as in Keras
                 opt.apply_gradients([(io.grad(g), v) for g, v in zip(grads[k], variables)])
+                if sched is not None:
+                    sched.step()
             checks = [("param", i, io.get(v), params[k][i]) for i, v in enumerate(variables)]
             for name, per_step in slots.items():
                 for i, var in enumerate(variables):

@@ -39,7 +39,7 @@ KNOB_VALUES = {
     "sparse_adam": ("tf_keras", "tf1", "keras2", "densify", "error"),
     "lazy_update": ("dense_rows", "ema_rows", "torch_sparse"),
     "adam_weight_decay": ("decoupled", "l2", "none"),
-    "adamw_weight_decay": ("decoupled", "torch", "optax", "none"),
+    "adamw_weight_decay": ("decoupled", "torch", "optax", "tfa", "none"),
     "sgd_momentum": ("keras", "tf1", "torch", "optax"),
     "clip_selection": ("tf_keras", "one_only", "legacy"),
     "clip_formula": ("tf", "torch", "optax"),
@@ -58,8 +58,11 @@ KNOB_VALUES = {
     "asgd_form": ('torch', 'none'),
     "rprop_form": ('torch', 'none'),
     "proximal_adagrad_form": ('tf1', 'none'),
+    "legacy_decay": ("keras2", "keras3", "none"),
     "proximal_sgd_form": ('tf1', 'none'),
     "rowwise_adagrad_form": ("fbgemm", "none"),
+    "low_precision_compute": ("dtype", "float32", "torch_fused"),
+    "maximize": ("negate", "none"),
 }
 
 
@@ -114,9 +117,14 @@ class Convention:
     adam_weight_decay : {"decoupled", "l2", "none"}
         What ``Adam(weight_decay=...)`` means: Keras' ``w -= w*wd*lr`` before the update,
         PyTorch's L2 term ``g += wd*w``, or refused (TF1, Keras 2 have none).
-    adamw_weight_decay : {"decoupled", "torch", "optax", "none"}
+    adamw_weight_decay : {"decoupled", "torch", "optax", "tfa", "none"}
         What ``AdamW`` means: Keras' ``w -= w*wd*lr``; PyTorch's ``w *= (1 - lr*wd)`` (the
-        factor in float64); optax's ``u = -lr*(adam_u + wd*w)``; or refused.
+        factor in float64); optax's ``u = -lr*(adam_u + wd*w)``; TF-Addons'
+        ``w -= wd*w`` (not scaled by the learning rate; ``SGDW`` too); or refused.
+    legacy_decay : {"keras2", "keras3", "none"}
+        The legacy ``decay=`` keyword: Keras 2's ``lr / (1 + decay*iterations)`` in the
+        variable dtype; Keras 3's warning (ignored); or refused (tf-keras 2.11+ raises,
+        ``tf.compat.v1.train``, PyTorch and optax have no such argument).
     sgd_momentum : {"keras", "tf1", "torch", "optax"}
         SGD's momentum buffer: Keras' velocity ``m = m*mu - g*lr; w += m``; TF1's
         ``a = a*mu + g; w -= a*lr``; PyTorch's ``b = b*mu + g`` (first step ``b = g``),
@@ -167,10 +175,30 @@ radam_form, asgd_form, rprop_form : str
         reference kernel: duplicates summed first in order of appearance, one accumulator
         per row growing by the mean of the squared row gradient, ``lr/(sqrt(acc) + eps)``),
         the ``"fbgemm"`` preset only. See :mod:`refopt.reference.rowwise_adagrad`.
+    low_precision_compute : {"dtype", "float32", "torch_fused"}
+        How a float16 (or bfloat16) variable is computed. ``"dtype"``: every operation
+        rounded to the variable's dtype (NumPy's float16 arithmetic; TensorFlow's float16
+        kernels). ``"float32"``: the variable, its gradient and its slots loaded into float32,
+        the weight decay and update computed as for a float32 variable, the new variable and
+        slots each rounded once to the variable's dtype (to nearest even): PyTorch's fused CPU
+        kernels (``opmath_t``; ``SGD(fused=True)``). ``"torch_fused"`` (the torch and fbgemm
+        presets): ``"float32"`` for the optimizers refopt takes from a PyTorch fused kernel
+        (``Adam``, ``AdamW``), ``"dtype"`` for the others (PyTorch's for-loop paths, which
+        round after each torch op: not exact). bfloat16 is accepted where the step is
+        computed in float32. See :mod:`refopt.precision`.
+    maximize : {"negate", "none"}
+        ``maximize=True`` of every optimizer: PyTorch's ``g <- -g`` at the start of the step,
+        before the L2 term (``"negate"``, the torch and fbgemm presets), or refused
+        (``"none"``: the TensorFlow and optax optimizers have no such option).
     keras3_sparse_square : bool
         Reproduce a Keras 3 (TF backend) bug: for an IndexedSlices gradient ``v`` gets the
         sum of the squared duplicate slices instead of the square of their sum. Off in every
         preset.
+    sgd_sparse_scatter : bool
+        Plain SGD (no momentum) on an IndexedSlices gradient applies each occurrence in turn,
+        ``w[r] -= round(g*lr)`` (Keras 3's ``scatter_sub``, Keras 2's ``ResourceScatterAdd``,
+        without deduplication: :func:`refopt.reference.sgd_sparse_scatter_update`), instead of
+        the step on the summed rows. On in ``"keras3"`` and ``"keras2"``.
     """
 
     name: str
@@ -195,6 +223,7 @@ radam_form, asgd_form, rprop_form : str
     epsilon_zero_is_default: bool
     default_adamw_weight_decay: float
     keras3_sparse_square: bool = False
+    sgd_sparse_scatter: bool = False
     rmsprop_form: str = "tf_keras"
     adagrad_form: str = "tf_keras"
     adadelta_form: str = "tf_keras"
@@ -210,6 +239,9 @@ radam_form, asgd_form, rprop_form : str
     proximal_adagrad_form: str = "none"
     proximal_sgd_form: str = "none"
     rowwise_adagrad_form: str = "none"
+    low_precision_compute: str = "dtype"
+    legacy_decay: str = "none"
+    maximize: str = "none"
 
     def __post_init__(self):
         for knob, allowed in KNOB_VALUES.items():
@@ -219,7 +251,7 @@ radam_form, asgd_form, rprop_form : str
                     f"Convention knob `{knob}` must be one of {allowed}. Received: "
                     f"{knob}={value!r}"
                 )
-        for knob in ("epsilon_zero_is_default", "keras3_sparse_square"):
+        for knob in ("epsilon_zero_is_default", "keras3_sparse_square", "sgd_sparse_scatter"):
             if not isinstance(getattr(self, knob), bool):
                 raise TypeError(
                     f"Convention knob `{knob}` must be a bool. Received: "
@@ -294,6 +326,8 @@ PRESETS = {
         sparse_adam="densify",
         clip_selection="one_only",
         ema="keras3",
+        legacy_decay="keras3",
+        sgd_sparse_scatter=True,
     ),
     "keras2": _TF_KERAS.replace(
         name="keras2",
@@ -306,15 +340,17 @@ PRESETS = {
         lion_form="none",
         ftrl_form="keras2",
         framework="Keras 2 legacy OptimizerV2 (tf.keras.optimizers.legacy: Adam, SGD, "
-        "RMSprop, Adagrad) and TF-Addons LazyAdam",
+        "RMSprop, Adagrad) and TF-Addons LazyAdam, AdamW, SGDW",
         one_minus_beta="dtype",
         sparse_adam="keras2",
         lazy_update="ema_rows",
         adam_weight_decay="none",
-        adamw_weight_decay="none",
+        adamw_weight_decay="tfa",
         clip_selection="legacy",
         ema="none",
         epsilon_zero_is_default=True,
+        legacy_decay="keras2",
+        sgd_sparse_scatter=True,
     ),
     "tf1": _TF_KERAS.replace(
         name="tf1",
@@ -376,6 +412,8 @@ PRESETS = {
         radam_form="torch",
         asgd_form="torch",
         rprop_form="torch",
+        low_precision_compute="torch_fused",
+        maximize="negate",
     ),
     "optax": Convention(
         name="optax",

@@ -310,7 +310,11 @@ def _sgns_rows(u, v, batch):
 #: diverges), Lion 2.43, Adamax 2.60, Nadam 2.25.
 DEMO_OPTIMIZERS = {"LazyAdam": 0.005, "Adam": 0.005, "AdamW": 0.005, "Adagrad": 10.0,
                    "SGD": 50.0, "Adadelta": 100.0, "Adamax": 0.005, "Nadam": 0.005,
-                   "Lion": 0.001, "Ftrl": 20.0, "Lamb": 0.02}
+                   "Lion": 0.001, "Ftrl": 20.0, "Lamb": 0.02,
+                   # the sparse family (issue 14): FBGEMM's row-wise Adagrad (exact), TF1's
+                   # proximal optimizers (l1 = l2 = 0 here: TF1's Adagrad and plain SGD)
+                   "RowWiseAdagrad": 0.2, "ProximalAdagrad": 10.0,
+                   "ProximalGradientDescent": 50.0}
 
 
 def make_optimizer(learning_rate=None, backend="cpu", optimizer="LazyAdam"):

@@ -90,7 +90,8 @@ class IndexedSlices:
                 f"`indices` must be 1-D. Received: indices with shape={indices.shape}"
             )
         values = np.asarray(values)
-        if values.dtype not in (np.float16, np.float32, np.float64):
+        if values.dtype not in (np.float16, np.float32, np.float64) and (
+                values.dtype.name != "bfloat16"):  # ml_dtypes.bfloat16
             raise TypeError(
                 "`values` must have dtype float16, float32 or float64. "
                 f"Received: values with dtype={values.dtype}"

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
+
 from refopt import _foreign
 from refopt import schedules as _schedules
 from refopt.executors.checks import _INT64_MAX
+from refopt.indexed_slices import IndexedSlices
 
 __all__ = ["apply_gradients"]
 
@@ -42,15 +45,49 @@ def _count(opt, positions, lr_value, is_schedule):
     return opt._iterations
 
 
+def _negated(g):
+    """``-g`` for a gradient of any accepted kind (new arrays; the caller's are untouched);
+    anything else is returned as it is, for the checks to refuse."""
+    if g is None:
+        return None
+    if isinstance(g, IndexedSlices):
+        return IndexedSlices(_negated(g.values), g.indices, g.dense_shape)
+    if isinstance(g, np.ndarray):
+        return np.negative(g)
+    if _foreign.is_torch_tensor(g):
+        return -g
+    if hasattr(g, "copy_to_host"):  # a numba device array (backend "cuda")
+        from refopt.kernels import cuda as kc
+
+        return kc.to_device(np.negative(g.copy_to_host()))
+    if hasattr(g, "__cuda_array_interface__") and hasattr(g, "__neg__"):  # CuPy
+        return -g
+    if any(hasattr(g, a) for a in ("__dlpack__", "__array__", "__array_interface__")):
+        return np.negative(np.asarray(g))
+    return g
+
+
+def _negated_pairs(grads_and_vars):
+    return [(_negated(p[0]), p[1]) if isinstance(p, (tuple, list)) and len(p) == 2 else p
+            for p in grads_and_vars]
+
+
 def apply_gradients(opt, grads_and_vars):
     """:meth:`refopt.Optimizer.apply_gradients` (see there for arguments and errors)."""
+    if opt.gradient_accumulation_steps:  # Keras 3's accumulation: its own order of a step
+        from refopt import accumulation
+
+        return accumulation.apply_gradients(opt, grads_and_vars)
     is_schedule = isinstance(opt._learning_rate, _schedules.LearningRateSchedule)
     lr_value = opt._evaluate_schedule(opt._learning_rate) if is_schedule else opt._learning_rate
+    rate = opt._step_rate(lr_value)  # Keras 2's legacy decay (keras2), else lr_value
     ex = opt._executor
+    if getattr(opt, "maximize", False):  # PyTorch's maximize: g <- -g first (exact)
+        grads_and_vars = _negated_pairs(grads_and_vars)
     if opt._built:
         if not isinstance(grads_and_vars, list):
             grads_and_vars = list(grads_and_vars)
-        positions = ex.quick_step(opt, grads_and_vars, lr_value)
+        positions = ex.quick_step(opt, grads_and_vars, rate)
         if positions is not None:
             return _count(opt, positions, lr_value, is_schedule)
     if not isinstance(grads_and_vars, list):
@@ -59,7 +96,7 @@ def apply_gradients(opt, grads_and_vars):
     if foreign is not grads_and_vars:
         grads_and_vars = foreign
         if opt._built:
-            positions = ex.quick_step(opt, grads_and_vars, lr_value)
+            positions = ex.quick_step(opt, grads_and_vars, rate)
             if positions is not None:
                 return _count(opt, positions, lr_value, is_schedule)
     pairs = ex.check_pairs(grads_and_vars)
@@ -100,7 +137,7 @@ def apply_gradients(opt, grads_and_vars):
         opt.build([v for _, v, _ in pairs])
     positions = [opt._index[id(v)] for _, v in present]
     try:
-        ex.run_step(opt, positions, [g for g, _ in present], lr_value)
+        ex.run_step(opt, positions, [g for g, _ in present], rate)
     except BaseException:
         if building:  # the call changes nothing, not even the build
             opt._reset_state()

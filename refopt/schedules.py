@@ -118,9 +118,37 @@ def _check_learning_rate(name, value):
     return value
 
 
-def _check_positive(name, value):
-    """Check a step-count hyperparameter (``decay_steps``): > 0 and finite in float32."""
+_LAX_STEPS = ("tf_keras", "keras2")  # frameworks whose schedules take decay_steps <= 0
+
+
+def _check_convention(convention):
+    """``None`` (refopt's checks, Keras 3's) or a convention name whose schedules differ."""
+    if convention is None:
+        return None
+    from refopt.conventions import PRESETS
+
+    if not isinstance(convention, str) or convention not in PRESETS:
+        raise ValueError(
+            f"Argument `convention` must be None or one of {sorted(PRESETS)}. "
+            f"Received: convention={convention!r}")
+    return convention
+
+
+def _check_positive(name, value, convention=None):
+    """Check a step-count hyperparameter (``decay_steps``): > 0 and finite in float32.
+
+    Under ``convention="tf_keras"`` or ``"keras2"`` (whose schedules have no such check) any
+    finite value is taken; one <= 0 with a warning (the rate becomes NaN or inf, as there).
+    """
     _check_real(name, value)
+    if convention in _LAX_STEPS and _finite_in_f32(value) and not value > 0:
+        import warnings
+
+        warnings.warn(
+            f"Argument `{name}`={value} under convention={convention!r}: accepted as that "
+            "framework does; the schedule divides by it, so its rate is NaN or inf at most "
+            "steps (Keras 3 refuses it).", UserWarning, stacklevel=3)
+        return value
     if not value > 0 or _F32(value) == 0:  # also catches NaN and values that underflow float32
         raise ValueError(f"Argument `{name}` must be > 0. Received: {name}={value}")
     return _check_finite(name, value)
@@ -148,9 +176,12 @@ def _check_name(name, default):
 
 
 def _validate_step(step):
-    """Return ``step`` as a Python int in ``[0, 2**63 - 1]``.
+    """Return ``step`` as a Python int in ``[-2**63, 2**63 - 1]``, or a finite Python float
+    where it is not a whole number.
 
-    Accepts Python and NumPy integers, floats with an integral value and 0-d arrays of these.
+    Accepts Python and NumPy integers, finite floats and 0-d arrays of these. Keras evaluates
+    a schedule at any step, negative and fractional ones included (issue 12 item 6), and so
+    do these schedules; an optimizer only ever passes its ``iterations`` (>= 0).
     """
     if isinstance(step, np.ndarray):
         if step.ndim != 0:
@@ -167,12 +198,12 @@ def _validate_step(step):
         k = int(step)
     else:
         x = float(step)
-        if not (math.isfinite(x) and x == math.floor(x)):
-            raise ValueError(f"Argument `step` must be an integer. Received: step={step}")
+        if not math.isfinite(x):
+            raise ValueError(f"Argument `step` must be finite. Received: step={step}")
+        if x != math.floor(x):
+            return x  # fractional: cast to float32 as Keras casts a float step
         k = int(x)
-    if k < 0:
-        raise ValueError(f"Argument `step` must be >= 0. Received: step={step}")
-    if k > _INT64_MAX:
+    if not -_INT64_MAX - 1 <= k <= _INT64_MAX:
         raise ValueError(
             "Argument `step` must fit in an int64 (the optimizer's `iterations`). "
             f"Received: step={step}"
@@ -181,7 +212,10 @@ def _validate_step(step):
 
 
 def _step_to_f32(k):
-    """``tf.cast(step, float32)`` of the int64 counter: one correct rounding, no double rounding."""
+    """``tf.cast(step, float32)`` of the int64 counter: one correct rounding, no double rounding
+    (a fractional float step: its own rounding to float32)."""
+    if isinstance(k, float):
+        return _F32(k)
     return np.int64(k).astype(np.float32)
 
 
@@ -247,6 +281,31 @@ class LearningRateSchedule(abc.ABC):
         ValueError
             If ``step`` is negative, not a whole number, or beyond int64.
         """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        call = cls.__dict__.get("__call__")
+        if call is not None and not getattr(call, "_quiet", False):
+            def __call__(self, step):  # Keras' steps < 0 and decay_steps=0 divide by zero
+                with np.errstate(all="ignore"):
+                    return call(self, step)
+
+            __call__._quiet = True
+            __call__.__doc__ = call.__doc__
+            cls.__call__ = __call__
+        own = cls.__dict__.get("get_config")
+        if own is None or getattr(own, "_adds_convention", False):
+            return
+
+        def get_config(self):  # the convention a schedule was built under, when one was
+            config = own(self)
+            if getattr(self, "convention", None) is not None:
+                config = dict(config, convention=self.convention)
+            return config
+
+        get_config._adds_convention = True
+        get_config.__doc__ = own.__doc__
+        cls.get_config = get_config
 
     @abc.abstractmethod
     def get_config(self):
@@ -340,11 +399,14 @@ class ExponentialDecay(LearningRateSchedule):
         decay_rate,
         staircase=False,
         name="ExponentialDecay",
+        *,
+        convention=None,
     ):
         self.initial_learning_rate = _check_learning_rate(
             "initial_learning_rate", initial_learning_rate
         )
-        self.decay_steps = _check_positive("decay_steps", decay_steps)
+        self.convention = _check_convention(convention)
+        self.decay_steps = _check_positive("decay_steps", decay_steps, self.convention)
         self.decay_rate = _check_finite("decay_rate", decay_rate)
         self.staircase = _check_bool("staircase", staircase)
         self.name = _check_name(name, "ExponentialDecay")
@@ -543,11 +605,14 @@ class PolynomialDecay(LearningRateSchedule):
         power=1.0,
         cycle=False,
         name="PolynomialDecay",
+        *,
+        convention=None,
     ):
         self.initial_learning_rate = _check_learning_rate(
             "initial_learning_rate", initial_learning_rate
         )
-        self.decay_steps = _check_positive("decay_steps", decay_steps)
+        self.convention = _check_convention(convention)
+        self.decay_steps = _check_positive("decay_steps", decay_steps, self.convention)
         self.end_learning_rate = _check_finite("end_learning_rate", end_learning_rate)
         self.power = _check_finite("power", power)
         self.cycle = _check_bool("cycle", cycle)
@@ -630,11 +695,14 @@ class InverseTimeDecay(LearningRateSchedule):
         decay_rate,
         staircase=False,
         name="InverseTimeDecay",
+        *,
+        convention=None,
     ):
         self.initial_learning_rate = _check_learning_rate(
             "initial_learning_rate", initial_learning_rate
         )
-        self.decay_steps = _check_positive("decay_steps", decay_steps)
+        self.convention = _check_convention(convention)
+        self.decay_steps = _check_positive("decay_steps", decay_steps, self.convention)
         self.decay_rate = _check_finite("decay_rate", decay_rate)
         self.staircase = _check_bool("staircase", staircase)
         self.name = _check_name(name, "InverseTimeDecay")
@@ -736,11 +804,14 @@ class CosineDecay(LearningRateSchedule):
         name="CosineDecay",
         warmup_target=None,
         warmup_steps=0,
+        *,
+        convention=None,
     ):
         self.initial_learning_rate = _check_learning_rate(
             "initial_learning_rate", initial_learning_rate
         )
-        self.decay_steps = _check_positive("decay_steps", decay_steps)
+        self.convention = _check_convention(convention)
+        self.decay_steps = _check_positive("decay_steps", decay_steps, self.convention)
         self.alpha = _check_finite("alpha", alpha)
         self.name = _check_name(name, "CosineDecay")
         self.warmup_target = (
@@ -864,11 +935,15 @@ class CosineDecayRestarts(LearningRateSchedule):
         m_mul=1.0,
         alpha=0.0,
         name="SGDRDecay",
+        *,
+        convention=None,
     ):
         self.initial_learning_rate = _check_learning_rate(
             "initial_learning_rate", initial_learning_rate
         )
-        self.first_decay_steps = _check_positive("first_decay_steps", first_decay_steps)
+        self.convention = _check_convention(convention)
+        self.first_decay_steps = _check_positive("first_decay_steps", first_decay_steps,
+                                                 self.convention)
         self.t_mul = _check_finite("t_mul", t_mul)
         self.m_mul = _check_finite("m_mul", m_mul)
         self.alpha = _check_finite("alpha", alpha)
@@ -993,6 +1068,10 @@ def deserialize(config, custom_objects=None):
         )
     class_name = config["class_name"]
     cls = (custom_objects or {}).get(class_name) or _SCHEDULES.get(class_name)
+    if cls is None and isinstance(class_name, str) and class_name.startswith("Optax"):
+        from refopt.optax_schedules import SCHEDULES as optax_schedules  # optax's (issue 12)
+
+        cls = optax_schedules.get(class_name)
     if cls is None:
         raise ValueError(
             f"Unknown learning rate schedule: class_name={class_name!r}. "

@@ -110,7 +110,9 @@ __all__ = [
 ]
 
 # refopt constructor arguments that are not per-group hyperparameters
-_NOT_HYPER = ("self", "learning_rate", "name", "backend", "convention", "jit_compile")
+# maximize: the adapter's own keyword (it negates the gradients itself, under any convention)
+_NOT_HYPER = ("self", "learning_rate", "name", "backend", "convention", "jit_compile",
+              "maximize")
 
 
 def _hyper_names(cls):
@@ -348,8 +350,8 @@ class RefoptOptimizer(torch.optim.Optimizer):
         TypeError, ValueError
             torch's errors, refopt's for an invalid hyperparameter, or a parameter the
             backend cannot update in place; ``ValueError`` for ``global_clipnorm`` in a
-            second group, and torch's own rules (``SGD``: ``nesterov`` needs a momentum, no
-            ``dampening``). The optimizer is then unchanged.
+            second group, and torch's own rules (``SGD``: ``nesterov`` needs a momentum and
+            no ``dampening``). The optimizer is then unchanged.
         """
         n = len(self.param_groups)
         super().add_param_group(param_group)
@@ -691,12 +693,9 @@ _REFUSED_SWITCHES = {"capturable": False, "differentiable": False,
 
 
 def _check_sgd_group(group, where):
-    """torch's SGD rules that refopt's SGD does not have: no dampening; Nesterov needs a
-    momentum (torch checks its constructor's values; here every group's)."""
-    dampening = _plain(group.get("dampening"))
-    if dampening not in (None, 0, 0.0):
-        raise ValueError("refopt's SGD has no dampening (torch's `dampening` must be 0). "
-                         f"Received: {where}['dampening']={dampening!r}")
+    """torch's SGD rule that refopt's SGD does not check itself: Nesterov needs a momentum
+    (torch checks its constructor's values; here every group's). Dampening is refopt's SGD's
+    (PyTorch's conventions; refused with Nesterov)."""
     momentum = _plain(group.get("momentum"))
     if group.get("nesterov") and not (momentum or 0) > 0:
         raise ValueError("Nesterov momentum requires a momentum and zero dampening (torch's "
@@ -730,11 +729,6 @@ def _torch_named(torch_name):
                     raise ValueError(f"refopt.torch.{torch_name} has no `{name}` (refopt "
                                      f"computes the convention's numbers).{hint} Received: "
                                      f"{name}={value!r}")
-        if "dampening" in positional:
-            if kwargs.get("dampening") not in (None, 0, 0.0):
-                raise ValueError("refopt's SGD has no dampening (torch's `dampening` must be "
-                                 f"0). Received: dampening={kwargs['dampening']!r}")
-            kwargs.pop("dampening", None)
         RefoptOptimizer.__init__(self, params, getattr(refopt, refopt_name), lr=lr,
                                  convention=convention, backend=backend, maximize=maximize,
                                  **kwargs)

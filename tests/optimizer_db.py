@@ -34,15 +34,14 @@ COMMON_ERRORS = (
     ({"use_ema": True, "ema_overwrite_frequency": 2.5}, ValueError, r"ema_overwrite_frequency.*Received: ema_overwrite_frequency=2\.5"),
     ({"ema_overwrite_frequency": True}, ValueError, r"ema_overwrite_frequency"),
     ({"clipnorm": 1.0, "global_clipnorm": 1.0}, ValueError, r"At most one of `clipnorm` and `global_clipnorm`.*clipnorm=1\.0, global_clipnorm=1\.0"),
-    ({"clipnorm": float("nan")}, ValueError, r"clipnorm.*finite"),
-    ({"global_clipnorm": float("inf")}, ValueError, r"global_clipnorm.*finite"),
     ({"clipvalue": "1"}, TypeError, r"clipvalue"),
     ({"weight_decay": -0.01}, ValueError, r"weight_decay.*>= 0.*Received: weight_decay=-0\.01"),
     ({"weight_decay": float("inf")}, ValueError, r"weight_decay.*finite"),
     ({"use_ema": 1}, TypeError, r"use_ema.*bool"),
     ({"not_an_argument": 1}, TypeError, r"unexpected keyword argument 'not_an_argument'"),
     ({"lr": 0.1}, TypeError, r"unexpected keyword argument 'lr'.*learning_rate"),
-    ({"decay": 0.1}, ValueError, r"decay.*legacy"),
+    # non-finite clip thresholds and `decay`: refused or taken per convention (issue 12 item
+    # 6), tested per convention in tests/test_keras_corners.py
     ({"gradient_aggregator": None}, ValueError, r"gradient_aggregator.*legacy"),
     ({"backend": "tpu"}, ValueError, r"backend.*Received: backend='tpu'"),
     ({"convention": 3}, TypeError, r"convention.*Received: convention=3"),

@@ -360,6 +360,8 @@ def replay_max_ulp(entry):
             if g is None:
                 continue
             step += 1
+            if hyper.get("maximize"):  # torch's maximize: the pipeline negates g first
+                g = -g
             wd = hyper.get("weight_decay")
             if wd is not None and conv.adagrad_form == "torch":
                 g = l2_torch(g, w, wd)

@@ -130,7 +130,11 @@ def test_float16_under_every_convention(conv):
                     (refopt.SGD, dict(momentum=0.9, nesterov=True))):
         dev = run_both(cls, dict(learning_rate=0.01, convention=conv, **kw),
                        dtypes=(F16, F16, F16), steps=2)
-        assert dev._state.fallbacks == {}
+        # PyTorch computes float16 in float32 and rounds once (low_precision_compute=
+        # "float32", refopt.precision): the host step, the reference's numbers
+        want = ({"float16 computed in float32 (refopt.precision)": 2}
+                if conv == "torch" and cls is refopt.Adam else {})
+        assert dev._state.fallbacks == want
 
 
 @pytest.mark.parametrize("conv", ["tf_keras", "keras3", "torch"])

@@ -15,6 +15,7 @@ MODULES = [
 ]
 MODULES += ["refopt.optimizers.lamb", "refopt.optimizers.adafactor"]
 MODULES += ["refopt.optimizers.proximal", "refopt.reference.proximal"]
+MODULES += ["refopt.lr_scheduler"]
 
 
 @pytest.mark.parametrize("name", MODULES)

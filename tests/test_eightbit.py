@@ -128,5 +128,7 @@ def test_bad_input_is_refused_naming_the_argument():
         E.lion8bit_update(p, p, E.lion8bit_initial_state(p), 0)
     with pytest.raises(TypeError, match="state"):
         E.adam8bit_update(p, p, (st.state1, st.state2), 1)
+    with pytest.raises(ValueError, match="block_size=100"):  # a state of blocks of 256
+        E.adam8bit_update(p, p, st, 1, block_size=100)
     with pytest.raises(ValueError, match="state1"):
         E.adam8bit_update(p, p, E.adam8bit_initial_state(np.zeros(4096, np.float32)), 1)

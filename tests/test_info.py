@@ -39,10 +39,12 @@ def test_info_lists_every_preset_and_where_each_optimizer_exists(capsys):
     assert list(info["conventions"]) == list(PRESETS)
     assert info["conventions"]["torch"] == PRESETS["torch"].framework
     # facts of the frameworks: RAdam, ASGD and Rprop are torch's; Lamb Keras 3's and optax's;
-    # Keras 2 and TF1 have no AdamW; Ftrl is TensorFlow's only
+    # TF1 has no AdamW, Keras 2's AdamW and SGDW are TF-Addons' (issue 12 item 9); Ftrl is
+    # TensorFlow's only
     assert info["optimizers"]["ASGD"] == {"conventions": ["torch"], "default": "torch"}
     assert info["optimizers"]["Lamb"]["conventions"] == ["keras3", "optax"]
-    assert "keras2" not in info["optimizers"]["AdamW"]["conventions"]
+    assert "keras2" in info["optimizers"]["AdamW"]["conventions"]
+    assert info["optimizers"]["SGDW"] == {"conventions": ["keras2"], "default": "keras2"}
     assert "tf1" not in info["optimizers"]["AdamW"]["conventions"]
     assert info["optimizers"]["Ftrl"]["conventions"] == ["tf_keras", "keras3", "keras2", "tf1"]
     assert info["optimizers"]["Adam"]["conventions"] == list(PRESETS)

@@ -345,7 +345,8 @@ def replay_max_ulp(entry):
             out = nadam_update(w, g, m, v, learning_rate=hyper["learning_rate"],
                                beta_1=hyper["beta_1"], beta_2=hyper["beta_2"],
                                epsilon=hyper["epsilon"], step=t, convention=conv,
-                               momentum_decay=hyper["momentum_decay"])
+                               momentum_decay=hyper["momentum_decay"],
+                               eps_root=hyper.get("eps_root"))  # optax's option
             for name, got, want in (("param", out.param, params[k][i]),
                                     ("m", out.m, slots["m"][k][i]),
                                     ("v", out.v, slots["v"][k][i])):

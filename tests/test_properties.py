@@ -796,6 +796,12 @@ def _reference_call(draw, name):
             g = g.deduplicate()  # an already-deduplicated gradient takes shortcuts
     else:
         g = draw(hnp.arrays(dtype, shape, elements=wild))
+    if name in ("sgd_sparse_torch_update", "sgd_sparse_scatter_update"):  # rows, in turn
+        if not shape:
+            shape = (3,)
+            p = draw(hnp.arrays(dtype, shape, elements=wild))
+        g = draw(slices_for(shape, dtype))
+        return getattr(ref, name), (p, g), {"learning_rate": draw(learning_rates)}
     if name in ("adam_update", "lazy_adam_update"):
         m, v, vhat = draw(adam_states(dtype, shape, draw(st.booleans())))
         kw = dict(draw(adam_hparams(dtype)), step=draw(st.integers(1, 100)))
@@ -946,6 +952,7 @@ REFERENCE_FUNCTIONS += ("proximal_adagrad_update", "proximal_adagrad_initial_sta
                         "proximal_gradient_descent_update")
 REFERENCE_FUNCTIONS += ("rowwise_adagrad_update", "rowwise_adagrad_sequential_update",
                         "rowwise_adagrad_initial_state", "rowwise_adagrad_rows")
+REFERENCE_FUNCTIONS += ("sgd_sparse_torch_update", "sgd_sparse_scatter_update")
 
 
 @st.composite

@@ -53,3 +53,44 @@ def test_optax_example(tmp_path, monkeypatch):
     code = _block("refopt.optax.adam(learning_rate=0.1") + "\nprint(params['w'])\n"
     out = _run(code, tmp_path, monkeypatch)
     assert out.strip() == "[0.900002 1.099998 0.900001]"
+
+
+def test_torch_options_example(tmp_path, monkeypatch):
+    out = _run(_block("from refopt.lr_scheduler import CosineAnnealingLR"), tmp_path, monkeypatch)
+    assert out.strip() == "[0.01045365877844014]"  # torch 2.13's value
+
+
+def test_optax_schedules_example(tmp_path, monkeypatch):
+    out = _run(_block("from refopt.optax_schedules import"), tmp_path, monkeypatch)
+    assert out.strip() == "0.0005000000237487257 0.0"  # optax 0.2.8's values under jit
+
+
+def test_keras_and_tfa_example(tmp_path, monkeypatch):
+    out = _run(_block("refopt.SGDW(weight_decay=0.1"), tmp_path, monkeypatch).split("\n")
+    assert out[0] == "[0.8628787398338318, 2.2742421627044678]"  # TF 2.15
+    assert out[1] == "[0.7999999523162842, 1.6999999284744263]"  # TF-Addons 0.23
+    assert out[2] == "0.09779754"                                # Keras
+
+
+def test_low_precision_example(tmp_path, monkeypatch):
+    pytest.importorskip("ml_dtypes")
+    code = _block("refopt.MasterWeights(") + "\nprint(w.tolist(), b.tolist())\n"
+    out = _run(code, tmp_path, monkeypatch)
+    # torch 2.13's Adam(fused=True) on these float16 values (its default loop gives -inf)
+    assert out.strip() == "[0.990234375, -0.489990234375, 0.239990234375] [1.0, 2.0]"
+
+
+def test_loss_scale_example(tmp_path, monkeypatch):
+    out = _run(_block("refopt.LossScaleOptimizer("), tmp_path, monkeypatch)
+    assert out.strip() == "4.0 2"
+
+
+def test_eightbit_example(tmp_path, monkeypatch):
+    out = _run(_block("from refopt.reference import eightbit as E"), tmp_path, monkeypatch)
+    assert out.strip() == "uint8 (20,)"
+
+
+def test_torch_sparse_sgd_example(tmp_path, monkeypatch):
+    code = "import numpy as np, refopt\n" + _block("refopt.SGD(learning_rate=0.1, convention=\"torch\")")
+    out = _run(code, tmp_path, monkeypatch)
+    assert out.split() == ["[", "0.19999996", "-0.2", "]"]  # torch 2.13's values

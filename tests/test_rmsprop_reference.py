@@ -18,6 +18,7 @@ from refopt.conformance import load_case, load_manifest
 from refopt.conventions import get_convention
 from refopt.reference import RMSpropResult, initial_velocity, rmsprop_update
 from refopt.reference.rmsprop import rmsprop_defaults, rmsprop_initial_state, rsqrt
+from refopt.reference.variants import l2_torch
 from refopt.testing.conformance import ulp_distance
 
 F16, F32, F64 = np.float16, np.float32, np.float64
@@ -361,7 +362,12 @@ def replay_max_ulp(entry):
                     if rec is not None:
                         state[name] = rec.copy()
                 v, b, a = state["velocity"], state["momentum"], state["average_gradient"]
-            out = rmsprop_update(w, grads[k][i], v, b, a, learning_rate=hyper["learning_rate"],
+            g = grads[k][i]
+            if hyper.get("maximize"):  # torch's maximize: the pipeline negates g first
+                g = -g
+            if hyper.get("weight_decay") is not None:  # torch's L2 term, by the pipeline
+                g = l2_torch(g, w, hyper["weight_decay"])
+            out = rmsprop_update(w, g, v, b, a, learning_rate=hyper["learning_rate"],
                                  rho=hyper["rho"], momentum=hyper["momentum"],
                                  epsilon=hyper["epsilon"], centered=hyper["centered"],
                                  convention=conv, eps_in_sqrt=eps_in_sqrt)

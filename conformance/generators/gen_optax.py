@@ -25,6 +25,12 @@ also changes how Python-float hyperparameters promote (the float32 cases must ru
 So the script records the float32 cases in this process and the float64 cases in a child
 process started with ``--x64``.
 
+A ``learning_rate`` given as a serialized ``refopt.optax_schedules`` schedule becomes the optax
+schedule of the same name and keywords (:func:`optax_schedule`); its value at each step is
+recorded as ``state/learning_rate``. ``--schedules`` records only the schedule values of
+``cases.OPTAX_SCHEDULE_VALUES`` (``jax.jit(schedule)(jnp.int32(step))``, float32 bits) into
+``conformance/schedules/optax.json``.
+
 Hyperparameters use refopt/Keras names in ``cases.py``; they are translated here. One the case
 omits takes optax's own default (e.g. ``eps=1e-8``, adamw ``weight_decay=1e-4``).
 """
@@ -74,26 +80,88 @@ def _kwargs(case, keymap):
             continue
         if key not in keymap:
             raise ValueError(f"{case['id']}: hyperparameter {key!r} has no optax mapping here")
-        if key == "learning_rate" and not isinstance(value, (int, float)):
+        if key == "learning_rate" and isinstance(value, dict):
+            value = optax_schedule(value)  # refopt.optax_schedules' serialized form
+        elif key == "learning_rate" and not isinstance(value, (int, float)):
             raise ValueError(f"{case['id']}: learning-rate schedules are not mapped for optax")
         out[keymap[key]] = value
     out.update(case["variant"])
     return out
 
 
+# refopt.optax_schedules' class names -> optax's schedule functions (same keywords)
+_OPTAX_SCHEDULES = {
+    "OptaxConstantSchedule": "constant_schedule",
+    "OptaxLinearSchedule": "linear_schedule",
+    "OptaxPolynomialSchedule": "polynomial_schedule",
+    "OptaxExponentialDecay": "exponential_decay",
+    "OptaxCosineDecaySchedule": "cosine_decay_schedule",
+    "OptaxWarmupCosineDecaySchedule": "warmup_cosine_decay_schedule",
+    "OptaxWarmupExponentialDecaySchedule": "warmup_exponential_decay_schedule",
+    "OptaxPiecewiseConstantSchedule": "piecewise_constant_schedule",
+    "OptaxJoinSchedules": "join_schedules",
+}
+
+
+def optax_schedule(spec):
+    """The optax schedule of a serialized refopt.optax_schedules schedule (a dict)."""
+    name = spec["class_name"]
+    if name not in _OPTAX_SCHEDULES:
+        raise ValueError(f"schedule {name!r} is not an optax schedule")
+    kw = dict(spec["config"])
+    if name == "OptaxJoinSchedules":
+        kw["schedules"] = [optax_schedule(s) for s in kw["schedules"]]
+    if name == "OptaxPiecewiseConstantSchedule" and kw.get("boundaries_and_scales") is not None:
+        kw["boundaries_and_scales"] = {int(b): s for b, s in kw["boundaries_and_scales"]}
+    return getattr(optax, _OPTAX_SCHEDULES[name])(**kw)
+
+
+def record_schedule_values(specs, path):
+    """Write ``{id: {schedule, steps, bits}}`` of optax's schedules under ``jax.jit``.
+
+    Each schedule is evaluated as optax's ``scale_by_schedule`` does inside a jitted update:
+    ``jax.jit(schedule)`` on an int32 count; ``bits`` are the float32 results as uint32.
+    """
+    import json
+
+    out = {}
+    for spec in specs:
+        fn = jax.jit(optax_schedule(spec["schedule"]))
+        values = [np.float32(fn(jnp.int32(k))) for k in spec["steps"]]
+        assert all(np.asarray(v).dtype == np.float32 for v in values)
+        out[spec["id"]] = dict(spec, bits=[int(np.asarray(v).view(np.uint32)) for v in values])
+    payload = {"framework_version": versions(), "mode": "jax.jit(schedule)(jnp.int32(step))",
+               "schedules": out}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return len(out)
+
+
 def build_transformation(case):
     """The optax GradientTransformation of ``case``; raises on anything it cannot map."""
     hyper = case["hyperparameters"]
     name = case["optimizer"]
+    if name == "MultiSteps":  # optax.MultiSteps around the inner optimizer's transformation
+        inner = hyper["inner_optimizer"]
+        skip = hyper.get("should_skip_update_fn")
+        return optax.MultiSteps(
+            build_transformation(dict(case, optimizer=inner["class_name"],
+                                      hyperparameters=inner["config"])),
+            every_k_schedule=hyper["every_k_schedule"],
+            use_grad_mean=hyper.get("use_grad_mean", True),
+            should_skip_update_fn={None: None, "skip_not_finite": optax.skip_not_finite}[skip])
     if name == "Adam":
         if hyper.get("weight_decay"):
             raise ValueError("optax.adam has no L2 weight decay")
         fn = optax.amsgrad if hyper.get("amsgrad") else optax.adam
-        tx = fn(**_kwargs(case, _ADAM_KEYS))
+        tx = fn(**_kwargs(case, dict(_ADAM_KEYS, nesterov="nesterov", eps_root="eps_root")))
     elif name == "AdamW":
         if hyper.get("amsgrad"):
             raise ValueError("optax.adamw has no amsgrad")
-        tx = optax.adamw(**_kwargs(case, dict(_ADAM_KEYS, weight_decay="weight_decay")))
+        tx = optax.adamw(**_kwargs(case, dict(_ADAM_KEYS, weight_decay="weight_decay",
+                                              eps_root="eps_root", nesterov="nesterov")))
     elif name == "SGD":
         tx = optax.sgd(**_kwargs(case, {"learning_rate": "learning_rate", "momentum": "momentum",
                                          "nesterov": "nesterov"}))
@@ -113,7 +181,7 @@ def build_transformation(case):
     elif name == "Adamax":
         tx = optax.adamax(**_kwargs(case, _ADAM_KEYS))
     elif name == "Nadam":  # adam(nesterov=True); slots mu -> m, nu -> v
-        tx = optax.nadam(**_kwargs(case, _ADAM_KEYS))
+        tx = optax.nadam(**_kwargs(case, dict(_ADAM_KEYS, eps_root="eps_root")))
     elif name == "Lamb":
         tx = optax.lamb(**_kwargs(case, dict(_ADAM_KEYS, eps_root="eps_root",
                                              weight_decay="weight_decay")))
@@ -228,17 +296,27 @@ def run_case(case):
 
     recorded_params = []
     slots = {}
+    lr_spec = case["hyperparameters"].get("learning_rate")
+    lr_fn = jax.jit(optax_schedule(lr_spec)) if isinstance(lr_spec, dict) else None
+    state_lr = []  # the schedule's value at each step's count (0-based), as optax computes it
     for k, row in enumerate(grads, start=1):
+        if lr_fn is not None:
+            state_lr.append(np.array(lr_fn(jnp.int32(k - 1))))
         if any(g is None or isinstance(g, tuple) for g in row):
             raise ValueError(f"{case['id']}: optax takes dense gradients for every leaf only")
         g = [jnp.asarray(x) for x in row]
         updates, state = update(g, state, params)
         params = optax.apply_updates(params, updates)
         recorded_params.append([np.array(p) for p in params])
-        for name, per_var in record_slots(state, len(params), case["optimizer"]).items():
+        opt_name, inner_state = case["optimizer"], state
+        if case["optimizer"] == "MultiSteps":  # the inner optimizer's state
+            opt_name = case["hyperparameters"]["inner_optimizer"]["class_name"]
+            inner_state = state.inner_opt_state
+        for name, per_var in record_slots(inner_state, len(params), opt_name).items():
             slots.setdefault(name, [[None] * len(params)] * (k - 1)).append(per_var)
     store.save_case(case, framework="optax", versions=versions(), init=init, grads=grads,
-                    params=recorded_params, slots=slots)
+                    params=recorded_params, slots=slots,
+                    state={"learning_rate": state_lr} if state_lr else None)
     return sorted(slots)
 
 
@@ -247,7 +325,15 @@ def main(argv=None):
     parser.add_argument("--only", default="", help="record only cases whose id contains this")
     parser.add_argument("--x64", action="store_true",
                         help="(internal) record the float64 cases, with jax_enable_x64")
+    parser.add_argument("--schedules", action="store_true",
+                        help="record only the schedule values (conformance/schedules/optax.json)")
     args = parser.parse_args(argv)
+    if args.schedules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                            "schedules", "optax.json")
+        n = record_schedule_values(cases.OPTAX_SCHEDULE_VALUES, path)
+        print(f"recorded {n} optax schedules into {os.path.normpath(path)}")
+        return 0
     todo = [c for c in cases.cases_for({cases.OPTAX}) if args.only in c["id"]]
     if not todo:
         sys.exit(f"no optax case matches {args.only!r}")

@@ -57,6 +57,8 @@ def _build_optimizer(case, tf_keras, keras):
     mod = tf_keras.optimizers if conv == cases.TF else keras.optimizers
     lr = hyper.get("learning_rate")
     if isinstance(lr, dict):  # a serialized schedule
+        # refopt's `convention` keyword (a tf-keras schedule with decay_steps <= 0) is not Keras'
+        lr = dict(lr, config={k: v for k, v in lr["config"].items() if k != "convention"})
         hyper["learning_rate"] = mod.schedules.deserialize(lr)
     cls = {"Adam": mod.Adam, "AdamW": mod.AdamW, "SGD": mod.SGD,
            "RMSprop": mod.RMSprop, "Adagrad": mod.Adagrad, "Adadelta": mod.Adadelta,
@@ -140,7 +142,54 @@ def _record_slots(case, opt, variables):
     return recorded
 
 
+def run_loss_scale_case(case, tf, tf_keras, keras):
+    """A LossScaleOptimizer case: the inner optimizer's slots, plus the scale and counter per
+    step (``state/loss_scale``, ``state/counter``). tf_keras: the user unscales
+    (``get_unscaled_gradients``) before ``apply_gradients``; Keras 3 unscales in ``apply``."""
+    conv, dtype = case["convention"], case["dtype"]
+    hyper = case["hyperparameters"]
+    inner_case = dict(case, optimizer=hyper["inner_optimizer"]["class_name"],
+                      hyperparameters=hyper["inner_optimizer"]["config"])
+    inner = _build_optimizer(inner_case, tf_keras, keras)
+    init, grads = cases.make_inputs(case)
+    if conv == cases.TF:
+        variables = [tf.Variable(a, dtype=dtype, name=f"var{i}") for i, a in enumerate(init)]
+        versions = {"tensorflow": tf.__version__, "tf_keras": tf_keras.__version__}
+        opt = tf_keras.mixed_precision.LossScaleOptimizer(
+            inner, initial_scale=hyper["initial_scale"],
+            dynamic_growth_steps=hyper["dynamic_growth_steps"])
+    else:
+        variables = [keras.Variable(a, dtype=dtype, name=f"var{i}") for i, a in enumerate(init)]
+        versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
+        opt = keras.optimizers.LossScaleOptimizer(
+            inner, initial_scale=hyper["initial_scale"],
+            dynamic_growth_steps=hyper["dynamic_growth_steps"])
+    versions["numpy"] = np.__version__
+    params, slots, state = [], {}, {}
+    for row in grads:
+        tg = [_tf_grad(tf, g, dtype, a.shape) for g, a in zip(row, init)]
+        if conv == cases.TF:
+            tg = opt.get_unscaled_gradients(tg)
+            opt.apply_gradients(list(zip(tg, variables)))
+            scale, counter = opt.loss_scale, opt.dynamic_counter
+        else:
+            opt.apply_gradients(list(zip(tg, variables)))
+            scale, counter = opt.dynamic_scale, opt.step_counter
+        params.append([np.array(v.numpy()) for v in variables])
+        for name, vals in _record_slots(inner_case, inner, variables).items():
+            slots.setdefault(name, []).append(vals)
+        state.setdefault("loss_scale", []).append(np.array(np.asarray(scale), np.float32))
+        state.setdefault("counter", []).append(np.array(int(np.asarray(counter)), np.int64))
+        state.setdefault("iterations", []).append(
+            np.array(int(np.asarray(inner.iterations)), np.int64))
+    store.save_case(case, framework="tensorflow", versions=versions, init=init, grads=grads,
+                    params=params, slots=slots, state=state)
+    return params[-1]
+
+
 def run_case(case, tf, tf_keras, keras):
+    if case["optimizer"] == "LossScaleOptimizer":
+        return run_loss_scale_case(case, tf, tf_keras, keras)
     conv = case["convention"]
     dtype = case["dtype"]
     init, grads = cases.make_inputs(case)

@@ -53,19 +53,20 @@ def _keras2_optimizer(case, tf, tfa):
            "Adamax": tf.keras.optimizers.legacy.Adamax,
            "Nadam": tf.keras.optimizers.legacy.Nadam,
            "Ftrl": tf.keras.optimizers.legacy.Ftrl,
-           "LazyAdam": tfa.optimizers.LazyAdam}[case["optimizer"]]
+           "LazyAdam": tfa.optimizers.LazyAdam,
+           "AdamW": tfa.optimizers.AdamW, "SGDW": tfa.optimizers.SGDW}[case["optimizer"]]
     return cls(**hyper)  # epsilon=0.0 goes in as is (legacy Adam turns it into 1e-7)
 
 
 def _keras2_slot_names(case):
     """(framework slot name, refopt slot name) pairs."""
     hyper = case["hyperparameters"]
-    if case["optimizer"] in ("Adam", "LazyAdam"):
+    if case["optimizer"] in ("Adam", "LazyAdam", "AdamW"):
         names = [("m", "m"), ("v", "v")]
         if hyper.get("amsgrad", False):
             names.append(("vhat", "vhat"))
         return names
-    if case["optimizer"] == "SGD":
+    if case["optimizer"] in ("SGD", "SGDW"):
         return [("momentum", "m")] if hyper.get("momentum", 0.0) != 0.0 else []
     if case["optimizer"] == "RMSprop":
         # legacy RMSprop: "rms" always, "momentum" only with momentum > 0, "mg" if centered
@@ -98,6 +99,14 @@ def _tf_grad(tf, g, dtype, shape):
     return tf.constant(g, dtype=dtype)
 
 
+def _inner_case(case):
+    """A LossScaleOptimizer case as the case of its inner optimizer; other cases as they are."""
+    if case["optimizer"] != "LossScaleOptimizer":
+        return case
+    inner = case["hyperparameters"]["inner_optimizer"]
+    return dict(case, optimizer=inner["class_name"], hyperparameters=inner["config"])
+
+
 def run_keras2(case):
     import keras
     import tensorflow as tf
@@ -106,20 +115,32 @@ def run_keras2(case):
     dtype = case["dtype"]
     init, grads = cases.make_inputs(case)
     variables = [tf.Variable(a, dtype=dtype, name=f"var{i}") for i, a in enumerate(init)]
-    opt = _keras2_optimizer(case, tf, tfa)
-    names = _keras2_slot_names(case)
+    opt = _keras2_optimizer(_inner_case(case), tf, tfa)
+    names = _keras2_slot_names(_inner_case(case))
+    lso = None  # tf.keras.mixed_precision.LossScaleOptimizer: the user unscales, it skips
+    if case["optimizer"] == "LossScaleOptimizer":
+        hyper = case["hyperparameters"]
+        lso = tf.keras.mixed_precision.LossScaleOptimizer(
+            opt, initial_scale=hyper["initial_scale"],
+            dynamic_growth_steps=hyper["dynamic_growth_steps"])
     params, slots = [], {ref: [] for _, ref in names}
     state = {}  # optimizer state that is not a slot (Nadam's momentum_cache)
     for row in grads:
         tg = [_tf_grad(tf, g, dtype, a.shape) for g, a in zip(row, init)]
-        opt.apply_gradients(list(zip(tg, variables)))
+        if lso is not None:
+            lso.apply_gradients(list(zip(lso.get_unscaled_gradients(tg), variables)))
+            state.setdefault("loss_scale", []).append(np.array(lso.loss_scale.numpy()))
+            state.setdefault("counter", []).append(np.array(lso.dynamic_counter.numpy()))
+            state.setdefault("iterations", []).append(np.array(opt.iterations.numpy()))
+        else:
+            opt.apply_gradients(list(zip(tg, variables)))
         params.append([np.array(v.numpy()) for v in variables])
         for fw, ref in names:
             slots[ref].append([np.array(opt.get_slot(v, fw).numpy()) for v in variables])
         if case["optimizer"] == "Nadam":  # the shared weight "momentum_cache"
             state.setdefault("u_product", []).append(np.array(opt._m_cache.numpy()))
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__}
-    if case["optimizer"] == "LazyAdam":
+    if case["optimizer"] in ("LazyAdam", "AdamW", "SGDW"):
         versions["tensorflow_addons"] = tfa.__version__
     store.save_case(case, framework="tensorflow", versions=versions, init=init, grads=grads,
                     params=params, slots=slots, **({"state": state} if state else {}))
@@ -254,7 +275,14 @@ def run_tf1(case, use_resource=False):
         variables = [tf.compat.v1.Variable(a, dtype=dtype, name=f"var{i}",
                                            use_resource=use_resource)
                      for i, a in enumerate(init)]
-        opt, names = _tf1_optimizer(case, tf)
+        opt, names = _tf1_optimizer(_inner_case(case), tf)
+        lso = None  # MixedPrecisionLossScaleOptimizer: gradients unscaled as its
+        if case["optimizer"] == "LossScaleOptimizer":  # compute_gradients does
+            hyper = case["hyperparameters"]
+            lso = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+                opt, tf.compat.v1.mixed_precision.DynamicLossScale(
+                    initial_loss_scale=hyper["initial_scale"],
+                    increment_period=hyper["dynamic_growth_steps"]))
         # One placeholder per (variable, gradient kind); one train op per pattern of None grads.
         feeds = []
         for i, a in enumerate(init):
@@ -275,11 +303,17 @@ def run_tf1(case, use_resource=False):
             gs = [f[3] if present else None for f, present in zip(feeds, pattern)]
             if clip is not None:
                 gs, _ = tf.clip_by_global_norm(gs, clip)
-            train_ops[pattern] = opt.apply_gradients(list(zip(gs, variables)))
+            if lso is not None:
+                train_ops[pattern] = lso.apply_gradients(
+                    list(zip(lso._unscale_grads(gs), variables)))
+            else:
+                train_ops[pattern] = opt.apply_gradients(list(zip(gs, variables)))
+        scale_vars = ([] if lso is None else
+                      [lso._loss_scale._current_loss_scale, lso._loss_scale._num_good_steps])
         slot_vars = {ref: [opt.get_slot(v, fw) for v in variables] for fw, ref in names}
         init_op = tf.compat.v1.global_variables_initializer()
     graph.finalize()
-    params, slots = [], {ref: [] for ref in slot_vars}
+    params, slots, state = [], {ref: [] for ref in slot_vars}, {}
     with tf.compat.v1.Session(graph=graph) as sess:
         sess.run(init_op)
         for row in grads:
@@ -296,9 +330,14 @@ def run_tf1(case, use_resource=False):
             params.append([np.array(x) for x in sess.run(variables)])
             for ref, svs in slot_vars.items():
                 slots[ref].append([np.array(x) for x in sess.run(svs)])
+            if scale_vars:
+                scale, good = sess.run(scale_vars)
+                state.setdefault("loss_scale", []).append(np.array(scale))
+                state.setdefault("counter", []).append(np.array(good))
     versions = {"tensorflow": tf.__version__, "numpy": np.__version__}
     store.save_case(case, framework="tensorflow", versions=versions, init=init, grads=grads,
-                    params=params, slots=slots, emulated=case["optimizer"] == "LazyAdam")
+                    params=params, slots=slots, emulated=case["optimizer"] == "LazyAdam",
+                    **({"state": state} if state else {}))
     return params[-1]
 
 
@@ -320,7 +359,8 @@ def main(argv=None):
 
         tf.compat.v1.disable_eager_execution()
         for case in _selected((cases.TF1,), args.only):
-            _report(case, run_tf1(case))
+            # the loss-scale wrapper's update ops take resource variables only
+            _report(case, run_tf1(case, use_resource=case["optimizer"] == "LossScaleOptimizer"))
         return 0
     todo = _selected(CONVENTIONS, args.only)
     if not todo:

@@ -33,6 +33,12 @@ import numpy as np
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "data")
 
 
+def storage_dtype(name):
+    """The dtype the arrays of a case of dtype ``name`` are stored in: bfloat16 as its uint16
+    bits (``.npz`` has no bfloat16; refopt's ``load_case`` views them back), others as such."""
+    return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
+
+
 def file_name(case_id):
     return case_id.replace("/", "__") + ".npz"
 
@@ -64,7 +70,7 @@ def save_case(case, *, framework, versions, init, grads, params, slots, emulated
         ``mu_product``); refopt derives it from the step count, the replay does not read it,
         the optimizer's own tests do.
     """
-    dtype = np.dtype(case["dtype"])
+    dtype = storage_dtype(case["dtype"])
     arrays = {}
     for i, a in enumerate(init):
         arrays[f"init/{i}"] = np.asarray(a, dtype)

@@ -17,8 +17,15 @@ __all__ = ["unpack_pairs", "describe", "check_host_variable", "check_host_pairs"
 #: tf-keras' ``iterations`` is an int64.
 _INT64_MAX = 2**63 - 1
 
-#: The dtypes a variable may have.
+#: The dtypes a variable may have (bfloat16: ``ml_dtypes.bfloat16``, where the convention
+#: computes it in float32, see :mod:`refopt.precision`).
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+try:
+    import ml_dtypes as _ml_dtypes
+
+    FLOAT_DTYPES += (np.dtype(_ml_dtypes.bfloat16),)
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+    pass
 
 
 def describe(a):
@@ -51,8 +58,8 @@ def check_host_variable(var, where):
         )
     if var.dtype not in FLOAT_DTYPES:
         raise TypeError(
-            f"Variables must have dtype float16, float32 or float64. Received: {where} "
-            f"with dtype={var.dtype}"
+            f"Variables must have dtype float16, float32 or float64 (or ml_dtypes.bfloat16). "
+            f"Received: {where} with dtype={var.dtype}"
         )
     if not var.flags.c_contiguous:
         raise ValueError(

@@ -35,6 +35,8 @@ import bisect
 
 import numpy as np
 
+from refopt import precision as _precision
+from refopt.executors import checks as _checks
 from refopt.executors import plan as _plan
 from refopt.executors import staged
 from refopt.executors.checks import _INT64_MAX
@@ -42,12 +44,13 @@ from refopt.executors.reference import ReferenceExecutor
 from refopt.indexed_slices import IndexedSlices
 from refopt.kernels.cpu import _kernels as K
 from refopt.kernels.cpu import drivers
-from refopt.kernels.cpu._common import launch, rows2d, stable_order
+from refopt.kernels.cpu._common import deduplicate, launch, rows2d, stable_order
 from refopt.kernels.cpu.clipping import global_norm, sums_of_squares, torch_norms
 
 __all__ = ["CpuExecutor", "FlatState", "quick_pairs", "try_fast_step"]
 
-_FALLBACK = (np.dtype(np.float16),)
+_FALLBACK = (np.dtype(np.float16),) + tuple(  # and bfloat16 (ml_dtypes): the staged step
+    d for d in _checks.FLOAT_DTYPES if d.kind == "V")
 
 
 class FlatState:
@@ -333,6 +336,8 @@ def try_fast_step(opt, positions, grads, lr_value):
     dtype_of = state.dtype_of
     if any(dtype_of[i] in _FALLBACK for i in positions):
         return False
+    if opt.use_ema and opt.ema_momentum is None:  # torch's equal-weight average: staged
+        return False
     lazy = opt._is_lazy()
     sparse = [k for k, g in enumerate(grads) if type(g) is not np.ndarray]
     if sparse and (not lazy or conv.keras3_sparse_square):
@@ -493,7 +498,8 @@ class CpuExecutor(ReferenceExecutor):
         self.kernels = cpu
 
     def allocate(self, opt, var_list):
-        return FlatState(var_list, opt._slot_names(), opt.use_ema, opt._slot_initial_value,
+        return FlatState(var_list, opt._slot_names(), opt.use_ema,
+                         lambda name, dt: _precision.slot_initial_value(opt, name, dt),
                          average_zero=opt.convention.ema == "keras3", slot_shape=opt.slot_shape)
 
     def quick_step(self, opt, grads_and_vars, lr_value):
@@ -508,5 +514,6 @@ class CpuExecutor(ReferenceExecutor):
             if try_fast_step(opt, positions, grads, lr_value):
                 return
             new_values = staged.compute(
-                opt, [(g, opt._vars[i]) for g, i in zip(grads, positions)], lr_value)
+                opt, [(g, opt._vars[i]) for g, i in zip(grads, positions)], lr_value,
+                dedup=deduplicate)
         staged.commit(opt, new_values)

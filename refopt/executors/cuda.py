@@ -56,7 +56,9 @@ plan of :mod:`refopt.executors.plan` (the same plan and rules as ``backend="cpu"
   sparse gradient (refused by the frameworks: the reference's error), PyTorch's and optax's
   sparse Adam (the reference's TypeError), ``keras3_sparse_square``, LazyAdam with AMSGrad
   under PyTorch (no SparseAdam rule), float16 RMSprop under torch/optax (the reference's
-  float16 FMA rounds once, the rule's twice), and optimizers without a rule. Same numbers;
+  float16 FMA rounds once, the rule's twice), float16 computed in float32 (PyTorch's fused
+  Adam/AdamW under the torch preset; :mod:`refopt.precision`), and
+  optimizers without a rule. Same numbers;
   the cost is the state's round trip. ``opt._state.fallbacks`` counts those steps per reason.
 
 Everything that can raise is checked (and every scalar, norm, clip factor and table
@@ -74,6 +76,7 @@ import warnings
 
 import numpy as np
 
+from refopt import precision as _precision
 from refopt.executors import Executor, staged
 from refopt.executors.checks import describe
 from refopt.indexed_slices import IndexedSlices
@@ -425,11 +428,16 @@ def _fused(opt, positions, grads, lr_value, kc):
     conv = opt.convention
     if not rule_capable(type(opt)):
         raise _Fallback(f"{type(opt).__name__} has no rule (update_rule)")
+    if opt.use_ema and opt.ema_momentum is None:
+        raise _Fallback("the equal-weight average (ema_momentum=None) has no rule")
     dtype_of = state.dtypes
     kind, _ = _plan.clip_kind(opt)
     if kind == "several":
         raise _Fallback("Keras 2's several clips in sequence")
     dtypes_present = {dtype_of[i] for i in positions}
+    if _precision.compute_dtype(conv, np.float16, opt) is not None and any(
+            np.dtype(d) == np.float16 for d in dtypes_present):
+        raise _Fallback("float16 computed in float32 (refopt.precision)")
     if kind == "global" and len(dtypes_present) > 1:
         # TF: a TypeError (the reference raises it); torch/optax: one norm over mixed dtypes
         raise _Fallback("global norm clipping over gradients of mixed dtypes")
@@ -449,6 +457,8 @@ def _fused(opt, positions, grads, lr_value, kc):
             raise _Fallback("keras3_sparse_square with a sparse gradient")
         if decays[k] and decay_name in ("l2", "optax"):
             raise _Fallback("a decay inside the update with a sparse gradient (refused)")
+        if decays[k] and decay_name == "tfa" and not lazy:
+            raise _Fallback("TF-Addons' decay of the present rows only (host step)")
         sk = "rows" if lazy else opt._sparse_update_kind()
         if sk is None:
             raise _Fallback(f"a non-lazy sparse gradient of {type(opt).__name__} under "
@@ -694,7 +704,8 @@ def _validate(opt, positions, how, steps, decays, decay_name, lr_value):
                     R.ema_update(z, z, ema_momentum=opt.ema_momentum)
                 else:
                     V.ema_variant(z, z, ema_momentum=opt.ema_momentum,
-                                  first_step=opt._iterations == 0, convention=opt.convention)
+                                  first_step=opt._iterations == 0, convention=opt.convention,
+                                  num_averaged=opt._iterations)
 
 
 # --------------------------------------------------------------------------- the host path

@@ -17,7 +17,7 @@ import numpy as np
 from refopt.reference._common import lr_cast, scalar, tf_cast
 from refopt.rules import steps as S
 
-_DECAY = {"decoupled": 1, "torch": 2, "l2": 3}
+_DECAY = {"decoupled": 1, "torch": 2, "l2": 3, "tfa": 1}  # tfa: mode 1 with a rate of 1
 
 
 @dataclass
@@ -183,8 +183,8 @@ def _plan(opt, dtype, lr_value, n, sums, global_norm):
                 optax_wd = opt.weight_decay
             else:
                 dmode = _DECAY[mode]
-                if dmode == 1:
-                    psc[S.P_LR] = lr_cast(dtype, lr_value)
+                if dmode == 1:  # TF-Addons' w - wd*w: Keras' w - (w*wd)*lr with lr = 1
+                    psc[S.P_LR] = lr_cast(dtype, 1.0 if mode == "tfa" else lr_value)
                     psc[S.P_WD] = tf_cast(dtype, opt.weight_decay)
                 elif dmode == 2:
                     psc[S.P_WD] = scalar(dtype, 1.0 - float(lr_value) * float(opt.weight_decay))

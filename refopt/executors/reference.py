@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from refopt import precision as _precision
 from refopt.executors import Executor, staged
 from refopt.executors.checks import check_host_pairs, check_host_variable, describe
 
@@ -58,8 +59,9 @@ class HostState:
             self.averages = [np.zeros_like(v) if opt.convention.ema == "keras3" else v.copy()
                              for v in var_list]
         self.slots = {
-            name: [np.full(opt.slot_shape(name, v.shape), opt._slot_initial_value(name, v.dtype),
-                           v.dtype) for v in var_list]
+            name: [np.full(opt.slot_shape(name, v.shape),
+                           _precision.slot_initial_value(opt, name, v.dtype), v.dtype)
+                   for v in var_list]
             for name in opt._slot_names()
         }
 

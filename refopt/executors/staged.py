@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from refopt import precision as _precision
 from refopt.indexed_slices import IndexedSlices
 from refopt.reference import variants as _variants
 
@@ -65,9 +66,10 @@ def clip(opt, grads):
 def decay(opt, param, lr_value):
     """``param`` after the weight decay applied before the update (a new array, or ``param``)."""
     mode = opt._decay_mode()
-    if mode == "decoupled":
+    if mode in ("decoupled", "tfa"):  # TF-Addons: w - wd*w, i.e. Keras' with a rate of 1
         return opt._kernels.apply_weight_decay(
-            param, learning_rate=lr_value, weight_decay=opt.weight_decay
+            param, learning_rate=1.0 if mode == "tfa" else lr_value,
+            weight_decay=opt.weight_decay
         )
     if mode == "torch":
         return _variants.decay_torch(
@@ -86,7 +88,7 @@ def average(opt, i, new_param):
     with np.errstate(all="ignore"):
         return np.asarray(_variants.ema_variant(
             opt._averages[i], new_param, ema_momentum=opt.ema_momentum,
-            first_step=opt._iterations == 0, convention=conv,
+            first_step=opt._iterations == 0, convention=conv, num_averaged=opt._iterations,
         ))
 
 
@@ -101,8 +103,11 @@ def _expand_rows(opt, i, rows, param_rows, slot_rows):
     return param, slots
 
 
-def compute(opt, present, lr_value):
+def compute(opt, present, lr_value, dedup=None):
     """One step of ``opt`` for the ``(gradient, variable)`` pairs ``present``, into new arrays.
+
+    ``dedup``: the function that sums duplicate rows (default
+    :meth:`IndexedSlices.deduplicate`; a backend may pass a faster one with the same bits).
 
     Returns
     -------
@@ -118,8 +123,13 @@ def compute(opt, present, lr_value):
     # the Keras 3 bug and the optimizers that apply each occurrence in turn (FBGEMM's
     # approximate row-wise Adagrad: RowWiseAdagrad(exact=False)) need the raw duplicates
     keeps = getattr(opt, "_keeps_duplicates", None)
-    if not (conv.keras3_sparse_square or (keeps is not None and keeps())):
-        grads = [g.deduplicate() if isinstance(g, IndexedSlices) else g for g in grads]
+    in_turn = keeps is not None and keeps()
+    if not (conv.keras3_sparse_square or in_turn):
+        dedup = dedup or IndexedSlices.deduplicate
+        grads = [dedup(g) if isinstance(g, IndexedSlices) else g for g in grads]
+    # an optimizer that applies the occurrences in turn to the present rows only
+    # (``_rows_in_turn``): lazy rows, given an IndexedSlices over the gathered rows
+    in_turn = in_turn and getattr(opt, "_rows_in_turn", False)
     overwrite = bool(opt.ema_overwrite_frequency
                      and (opt._iterations + 1) % opt.ema_overwrite_frequency == 0)
     out = {}
@@ -128,19 +138,39 @@ def compute(opt, present, lr_value):
         step = (opt._var_steps[i] if conv.step_counter == "per_variable"
                 else opt._iterations) + 1
         decays = opt._weight_decay_acts() and id(var) not in opt._exclude_ids
-        if opt._is_lazy() and isinstance(grad, IndexedSlices):
+        if (opt._is_lazy() or in_turn) and isinstance(grad, IndexedSlices):
             # Lazy rows: gather the present (unique) rows of the variable and its slots,
             # run the dense update on them, scatter back at commit. Cost ~ rows touched.
-            rows = grad.indices
+            if in_turn:  # the unique rows (ascending); the occurrences kept, in order
+                rows, local = np.unique(grad.indices, return_inverse=True)
+                grad = IndexedSlices(grad.values, local.reshape(-1),
+                                     (rows.shape[0],) + grad.dense_shape[1:])
+            else:
+                rows = grad.indices
+                grad = grad.values
             param = var[rows]
-            grad = grad.values
             slots = {name: opt._slots[name][i][rows] for name in opt._slot_names()}
         else:
             rows = None
             param = var
             slots = {name: opt._slots[name][i] for name in opt._slot_names()}
         extra = {}
-        if decays:
+        # float16/bfloat16 under low_precision_compute="float32" (PyTorch's opmath): decay
+        # and update in float32 on exact copies, each result rounded once (refopt.precision)
+        low = _precision.compute_dtype(conv, var.dtype, opt)
+        if low is not None:
+            param, grad = _precision.upcast(param, low), _precision.upcast(grad, low)
+            slots = {name: _precision.upcast(a, low) for name, a in slots.items()}
+        if decays and (rows is not None or isinstance(grad, IndexedSlices)) and (
+                opt._decay_mode() == "tfa"):  # TF-Addons decays only the present rows
+            if not getattr(opt, "_decays_sparse", True):  # SGDW without momentum: never
+                pass
+            elif rows is not None:  # the gathered rows are the present ones
+                param = decay(opt, param, lr_value)
+            else:
+                param = param.copy()
+                param[grad.indices] = decay(opt, param[grad.indices], lr_value)
+        elif decays:
             param = decay(opt, param, lr_value)
             if opt._decay_mode() in ("l2", "optax"):  # inside the update
                 if isinstance(grad, IndexedSlices):
@@ -153,6 +183,10 @@ def compute(opt, present, lr_value):
         if rows is not None:
             extra["lazy_rows"] = True
         new_param, new_slots = opt._update_step(param, grad, slots, lr_value, step, **extra)
+        if low is not None:
+            new_param = _precision.round_to(new_param, var.dtype)
+            new_slots = {name: _precision.round_to(a, opt._slots[name][i].dtype)
+                         for name, a in new_slots.items()}
         avg = None
         if opt.use_ema:
             # The EMA averages every row, so with EMA a lazy step commits whole arrays.

@@ -11,12 +11,16 @@ from refopt.optimizers.ftrl import Ftrl
 from refopt.optimizers.proximal import ProximalAdagrad, ProximalGradientDescent
 from refopt.optimizers.lamb import Lamb
 from refopt.optimizers.lion import Lion
+from refopt.optimizers.loss_scale import GradScaler as GradScaler
+from refopt.optimizers.loss_scale import LossScaleOptimizer as LossScaleOptimizer
+from refopt.optimizers.multi_steps import MultiSteps as MultiSteps
 from refopt.optimizers.nadam import Nadam
 from refopt.optimizers.radam import RAdam
 from refopt.optimizers.rmsprop import RMSprop
 from refopt.optimizers.rprop import Rprop
 from refopt.optimizers.rowwise_adagrad import RowWiseAdagrad
 from refopt.optimizers.sgd import SGD
+from refopt.optimizers.sgdw import SGDW
 
 __all__ = [
     "ASGD",
@@ -39,4 +43,10 @@ __all__ = [
     "Rprop",
     "RowWiseAdagrad",
     "SGD",
+    "SGDW",
 ]
+
+#: Wrappers around an optimizer (their state is the inner one's plus their own): importable
+#: from here and from ``refopt``, kept out of ``__all__`` (the per-class shortcuts of
+#: ``refopt.functional``, ``refopt.optax`` and the CLI are for the optimizers themselves).
+WRAPPERS = ["LossScaleOptimizer", "MultiSteps"]

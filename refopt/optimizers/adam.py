@@ -48,6 +48,21 @@ class Adam(Optimizer):
         conventions, 1e-8 for ``"tf1"``, ``"torch"`` and ``"optax"``.
     amsgrad : bool, default False
         Keep ``vhat = max(vhat, v)`` and divide by its square root (Reddi et al., 2018).
+    nesterov : bool, default False
+        optax's ``adam(nesterov=True)`` (``scale_by_adam(nesterov=True)``, what ``optax.nadam``
+        is): the update uses :math:`\hat m = \beta_1 m_t / (1 - \beta_1^{t+1}) + (1 - \beta_1)
+        g_t / (1 - \beta_1^t)` instead of :math:`m_t / (1 - \beta_1^t)`, with no momentum
+        schedule; computed exactly as :class:`refopt.Nadam` under ``"optax"``. Only under a
+        convention whose ``nadam_form`` is ``"optax"``: the other frameworks' Adam has no such
+        option (``ValueError`` naming the convention; use :class:`refopt.Nadam`). Not with
+        ``amsgrad`` (optax's ``amsgrad`` has no ``nesterov``: ``ValueError``).
+        :class:`AdamW` takes it too (``optax.adamw(nesterov=True)``).
+    eps_root : float, optional
+        optax's ``eps_root``, added inside the square root:
+        :math:`\sqrt{\hat v + \epsilon_{root}} + \epsilon` (finite, >= 0; None or 0: none).
+        Only where the Adam form is optax's (``epsilon_placement="corrected"`` with
+        ``bias_correction="float32"``, i.e. ``convention="optax"``); a nonzero value elsewhere
+        raises ``ValueError`` naming the convention (Keras and PyTorch have no such term).
     {base_kwargs}
 
     Notes
@@ -88,8 +103,14 @@ class Adam(Optimizer):
         name="Adam",
         backend=None,
         convention="tf_keras",
+        nesterov=False,
+        eps_root=None,
         **kwargs,
     ):
+        self.nesterov = check_bool("nesterov", nesterov)
+        if self.nesterov:
+            _check_nesterov(_check_convention(convention), amsgrad)
+        self.eps_root = _check_eps_root(_check_convention(convention), eps_root)
         self.beta_1 = check_real("beta_1", beta_1, low=0, high=1, high_open=True)
         self.beta_2 = check_real("beta_2", beta_2, low=0, high=1, high_open=True)
         conv = _check_convention(convention)
@@ -128,6 +149,18 @@ class Adam(Optimizer):
                 f"gradient ({conv.framework}: Adam refuses sparse gradients); use LazyAdam, "
                 "or pass grad.to_dense()."
             )
+        if self.nesterov:  # optax's adam(nesterov=True) is optax's nadam
+            from refopt.reference import nadam as _nadam
+
+            param, grad, m, v, _ = _nadam.check_nadam_args(
+                param, grad, slots["m"], slots["v"], learning_rate=learning_rate,
+                beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon, step=step,
+                convention=conv, momentum_decay=None, eps_root=self.eps_root)
+            with np.errstate(all="ignore"):  # adamw(nesterov=True): optax's decay inside
+                p, m, v = _nadam._optax(param, grad, m, v, learning_rate, self.beta_1,
+                                        self.beta_2, self.epsilon, step, self.eps_root,
+                                        weight_decay)
+            return np.asarray(p), {"m": np.asarray(m), "v": np.asarray(v)}
         if lazy_rows and conv.lazy_update == "torch_sparse":
             p, m, v = _variants.lazy_rows_torch(
                 param, grad, slots["m"], slots["v"], learning_rate=learning_rate,
@@ -145,7 +178,7 @@ class Adam(Optimizer):
                     param, grad, slots["m"], slots["v"], slots.get("vhat"),
                     learning_rate=learning_rate, beta_1=self.beta_1, beta_2=self.beta_2,
                     epsilon=self.epsilon, step=step, convention=conv,
-                    weight_decay=weight_decay)
+                    weight_decay=weight_decay, eps_root=self.eps_root)
             new_slots = {"m": np.asarray(m), "v": np.asarray(v)}
             if self.amsgrad:
                 new_slots["vhat"] = np.asarray(vhat)
@@ -185,17 +218,53 @@ class Adam(Optimizer):
         conv = self.convention
         if lazy_rows and conv.lazy_update == "torch_sparse" and self.amsgrad:
             return None  # SparseAdam has no AMSGrad: the reference raises
+        if self.nesterov:  # optax's adam(nesterov=True): Nadam's optax rule
+            from refopt.rules.nadam import nadam_call
+
+            return nadam_call(dtype, conv, learning_rate=learning_rate, beta_1=self.beta_1,
+                              beta_2=self.beta_2, epsilon=self.epsilon, step=step,
+                              eps_root=self.eps_root, optax_weight_decay=optax_weight_decay)
         return adam_call(dtype, conv, learning_rate=learning_rate, beta_1=self.beta_1,
                          beta_2=self.beta_2, epsilon=self.epsilon, step=step,
                          amsgrad=self.amsgrad, optax_weight_decay=optax_weight_decay,
-                         lazy_rows=lazy_rows)
+                         lazy_rows=lazy_rows, eps_root=self.eps_root)
 
     def get_config(self):
         config = super().get_config()
         config.update(
             beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon, amsgrad=self.amsgrad
         )
+        if self.nesterov:  # optax's options: only in the config where they are used
+            config["nesterov"] = True
+        if self.eps_root:
+            config["eps_root"] = self.eps_root
         return config
+
+
+def _check_eps_root(conv, eps_root):
+    """``eps_root`` as a float (None: 0), refused where the Adam form is not optax's."""
+    if eps_root is None:
+        return None
+    eps_root = check_real("eps_root", eps_root, low=0)
+    optax_form = conv.epsilon_placement != "hat" and conv.bias_correction != "float64"
+    if eps_root and not optax_form:
+        raise ValueError(
+            f"`eps_root` is optax's term inside the square root; convention={conv.name!r} "
+            f"({conv.framework}) has none. Received: eps_root={eps_root!r}")
+    return eps_root or None
+
+
+def _check_nesterov(conv, amsgrad):
+    """Refuse ``nesterov=True`` where optax's ``adam(nesterov=True)`` is not what is asked."""
+    if conv.nadam_form != "optax":
+        raise ValueError(
+            f"Adam(nesterov=True) is optax's adam(nesterov=True); convention={conv.name!r} "
+            f"({conv.framework}) has no such option (nadam_form={conv.nadam_form!r}). Use "
+            "refopt.Nadam for that framework's Nadam, or convention='optax'. "
+            "Received: nesterov=True")
+    if amsgrad:
+        raise ValueError("optax's amsgrad has no `nesterov`. Received: nesterov=True, "
+                         f"amsgrad={amsgrad!r}")
 
 
 class AdamW(Adam):
@@ -211,7 +280,11 @@ class AdamW(Adam):
         bias-corrected one) under tf-keras' convention. Default: the convention's
         ``default_adamw_weight_decay`` (0.004 Keras, 0.01 PyTorch, 1e-4 optax). PyTorch's
         ``AdamW`` multiplies by ``1 - lr*wd``; optax's ``adamw`` adds ``wd*w`` to the Adam
-        direction before scaling by ``-lr`` (see :mod:`refopt.conventions`).
+        direction before scaling by ``-lr`` (see :mod:`refopt.conventions`). Under
+        ``convention="keras2"`` this is TF-Addons' ``tfa.optimizers.AdamW``: ``w <- w -
+        weight_decay * w``, **not** multiplied by the learning rate, before Keras 2's Adam
+        step (only the rows present for an ``IndexedSlices``); there ``weight_decay`` is
+        required (``TypeError`` without it, as TF-Addons).
     beta_1, beta_2, epsilon, amsgrad
         As :class:`Adam`.
     {base_kwargs}
@@ -219,7 +292,11 @@ class AdamW(Adam):
     Notes
     -----
     Same update as :class:`Adam`; only the default ``weight_decay`` differs. Like PyTorch's
-    ``AdamW`` (and unlike TF-Addons' ``AdamW``) the decay is multiplied by the learning rate.
+    ``AdamW`` (and unlike TF-Addons' ``AdamW``, ``convention="keras2"``) the decay is
+    multiplied by the learning rate. TF-Addons: ``tensorflow_addons/optimizers/
+    weight_decay_optimizers.py`` (0.23; ``DecoupledWeightDecayExtension`` over Keras 2's
+    legacy Adam), whose ``var -= wd_t * var`` runs before the Adam update of the same
+    variable.
     PyTorch's default ``weight_decay`` is 0.01, Keras' 0.004.
     """
 
@@ -249,6 +326,11 @@ class AdamW(Adam):
             )
         if weight_decay is _CONVENTION_DEFAULT:
             conv = _check_convention(convention)
+            if conv.adamw_weight_decay == "tfa":
+                raise TypeError(
+                    f"AdamW under convention={conv.name!r} is TF-Addons' AdamW, which requires "
+                    "a `weight_decay` (no default; it is not multiplied by the learning rate). "
+                    "Received: no weight_decay")
             if conv.adamw_weight_decay == "none":
                 raise ValueError(
                     f"AdamW does not exist under convention={conv.name!r} ({conv.framework} "

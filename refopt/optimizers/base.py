@@ -17,6 +17,8 @@ import warnings
 import numpy as np
 
 from refopt import _foreign
+from refopt import precision as _precision
+from refopt import accumulation as _accumulation
 from refopt import schedules as _schedules
 from refopt.conventions import PRESETS, Convention, get_convention
 from refopt.indexed_slices import IndexedSlices
@@ -26,6 +28,8 @@ from refopt.executors.checks import _INT64_MAX
 from refopt.executors.checks import describe as _describe
 from refopt.reference import variants as _variants
 from refopt.reference._common import check_real  # shared with the reference functions
+from refopt.reference._common import DecayedRate as _DecayedRate
+from refopt.reference._common import FrameworkRate as _FrameworkRate
 
 __all__ = ["Optimizer", "BACKENDS", "CONVENTIONS"]
 
@@ -40,7 +44,10 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
         ``w <- w - w * weight_decay * lr``. ``None`` disables it. Must be finite and >= 0.
     clipnorm : float or None
         Clip each gradient tensor to this L2 norm (``tf.clip_by_norm``). A value <= 0 means no
-        clipping (as tf-keras). Cannot be combined with ``global_clipnorm``.
+        clipping (as tf-keras). Cannot be combined with ``global_clipnorm``. Under the TF
+        conventions a non-finite value is taken as TensorFlow takes it, with a warning
+        (``inf``: every gradient NaN; NaN: no clipping, or NaN under ``"keras2"``); the
+        PyTorch and optax conventions refuse it.
     clipvalue : float or None
         Clip each gradient element to ``[-clipvalue, clipvalue]``. Ignored (with a warning at
         construction) when ``clipnorm`` or ``global_clipnorm`` is also set, as tf-keras does.
@@ -50,11 +57,19 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
     use_ema : bool, default False
         Keep an exponential moving average of the weights (initialised with a copy of each
         variable at build time).
-    ema_momentum : float, default 0.99
-        ``avg <- ema_momentum * avg + (1 - ema_momentum) * w``, in [0, 1].
+    ema_momentum : float or None, default 0.99
+        ``avg <- ema_momentum * avg + (1 - ema_momentum) * w``, in [0, 1]. ``None`` (the
+        ``"torch"`` and ``"fbgemm"`` conventions only): ``torch.optim.swa_utils.AveragedModel``'s
+        default equal-weight (SWA) average, ``avg <- avg + (w - avg) / (n + 1)`` after ``n``
+        averages (the first copies); computed by the staged step on every backend.
     ema_overwrite_frequency : int or None
         With ``use_ema``, overwrite the weights with their averages every this many steps
         (an int >= 1). ``None``: only :meth:`finalize_variable_values` does.
+    gradient_accumulation_steps : int or None
+        Keras 3's gradient accumulation (``convention="keras3"`` only; an int >= 2, ``None``
+        or 0 for none): the mean of this many calls' gradients is applied on every such
+        call, in Keras 3's order (:mod:`refopt.accumulation`); ``iterations`` counts those
+        updates.
     jit_compile : bool, default True
         Accepted for compatibility with tf-keras configs; has no effect.
     name : str
@@ -77,7 +92,12 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
         ``"tf1"`` (``tf.compat.v1.train``), ``"torch"``, ``"optax"``, or a
         :class:`~refopt.conventions.Convention` with knobs overridden
         (:func:`refopt.conventions.get_convention`); a dict is a Convention's knobs, as
-        :meth:`get_config` writes them."""
+        :meth:`get_config` writes them.
+    maximize : bool, default False
+        Maximise the objective: every gradient is negated at the start of the step, before
+        clipping, weight decay and the update (PyTorch's ``maximize``; exact). Conventions
+        ``"torch"`` and ``"fbgemm"`` only (knob ``maximize``); ``ValueError`` under the
+        others. ``get_config`` records it when True."""
 
 
 def _is_real(x):
@@ -89,6 +109,93 @@ def check_bool(name, value):
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"`{name}` must be a bool. Received: {name}={value!r}")
     return bool(value)
+
+
+def _check_clip(conv, name, value):
+    """A clip threshold as ``conv``'s framework takes it (issue 12 item 6).
+
+    Under TF's clipping formula (tf_keras, Keras 3, Keras 2, TF1) a non-finite threshold is
+    accepted, as TensorFlow accepts it, with a warning where the result is degenerate:
+    ``clipnorm``/``global_clipnorm`` ``inf`` make every gradient NaN (``g*inf/inf``; TF 2.21),
+    a NaN threshold means no clipping where tf-keras and Keras 3 test ``c > 0`` and NaN
+    gradients where Keras 2 clips with any value; ``clipvalue=inf`` clips nothing. Elsewhere
+    (PyTorch, optax conventions) the threshold must be finite (``ValueError``).
+    """
+    if conv.clip_formula != "tf" or value is None or not _is_real(value):
+        return check_real(name, value, allow_none=True)
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:
+        finite = False
+    if finite:
+        return value
+    v = float(value)
+    legacy = conv.clip_selection == "legacy"
+    if v == -math.inf:
+        return value  # tf-keras and Keras 3: no clipping; Keras 2 refuses it (checked below)
+    if name == "clipvalue":
+        if math.isnan(v) and legacy:
+            raise ValueError(
+                f"`clipvalue` must not be NaN under convention={conv.name!r}. Received: "
+                f"clipvalue={value!r}")
+        if math.isnan(v):
+            warnings.warn(f"clipvalue={value!r} under convention={conv.name!r}: no clipping "
+                          f"({conv.framework} tests clipvalue > 0).", UserWarning, stacklevel=4)
+        return value
+    if math.isnan(v) and not legacy:
+        what = f"no clipping ({conv.framework} tests {name} > 0, which NaN fails)"
+    else:
+        what = ("every gradient becomes NaN (TensorFlow's clip computes g*c/max(norm, c), "
+                "inf/inf), so every variable it updates becomes NaN, as in TF 2.21")
+    warnings.warn(f"{name}={value!r} under convention={conv.name!r}: {what}.", UserWarning,
+                  stacklevel=4)
+    return value
+
+
+def _pop_legacy_decay(convention, kwargs):
+    """Take Keras 2's legacy ``decay`` out of ``kwargs`` where the convention has it.
+
+    Returns the value to keep (``None``: no decay). Under ``legacy_decay="keras2"`` (convention
+    ``"keras2"``: ``tf.keras.optimizers.legacy``, which is also what
+    ``tf.compat.v1.keras.optimizers`` names) the rate of step ``k`` is
+    ``lr / (1 + decay*k)``; ``decay`` must be >= 0 (Keras 2's ``ValueError``); ``inf`` is
+    taken with a warning (the first rate is ``lr/(1 + inf*0)``, NaN), NaN with a warning (no
+    decay: Keras 2 tests ``decay > 0``). Under ``"keras3"`` the argument is ignored with
+    Keras 3's warning. Elsewhere it stays in ``kwargs`` and the caller refuses it.
+    """
+    if "decay" not in kwargs:
+        return None
+    if isinstance(convention, str) and convention in PRESETS:
+        conv = PRESETS[convention]
+    else:
+        try:
+            conv = _check_convention(convention)
+        except (TypeError, ValueError):
+            return None  # the constructor reports the convention itself
+    if conv.legacy_decay == "keras3":
+        value = kwargs.pop("decay")
+        if value is not None:
+            warnings.warn(f"Argument `decay` is no longer supported and will be ignored "
+                          f"(Keras 3; convention={conv.name!r}). Received: decay={value!r}",
+                          UserWarning, stacklevel=4)
+        return None
+    if conv.legacy_decay != "keras2":
+        return None
+    value = kwargs.pop("decay")
+    if value is None:
+        return None
+    if not _is_real(value):
+        raise TypeError(f"`decay` must be a real number. Received: decay={value!r}")
+    v = float(value)
+    if v < 0:
+        raise ValueError(f"Expected decay >= 0 (convention={conv.name!r}, Keras 2's rule). "
+                         f"Received: decay={value!r}")
+    if math.isnan(v) or math.isinf(v):
+        what = ("no decay (Keras 2 applies it when decay > 0, which NaN fails)" if math.isnan(v)
+                else "the learning rate becomes lr/(1 + inf*k): NaN at step 0, then 0")
+        warnings.warn(f"decay={value!r} under convention={conv.name!r}: {what}.",
+                      UserWarning, stacklevel=4)
+    return value
 
 
 def _check_convention(convention):
@@ -200,7 +307,8 @@ class Optimizer:
     ValueError
         A hyperparameter out of range or not finite; ``clipnorm`` together with
         ``global_clipnorm``; a legacy keyword (``decay``, ``gradient_aggregator``,
-        ``gradient_transformers``).
+        ``gradient_transformers``). ``decay`` is Keras 2's ``lr / (1 + decay*iterations)``
+        under ``"keras2"`` (>= 0) and ignored with Keras 3's warning under ``"keras3"``.
     NotImplementedError
         A convention planned but not built in this version.
     RuntimeError
@@ -211,6 +319,9 @@ class Optimizer:
     Variables are NumPy arrays (float16, float32 or float64, C-contiguous, writeable), updated
     in place and identified by object identity, like ``tf.Variable``: pass the same array
     objects to every call (a new view of the same memory is a different variable).
+    float16 and ``ml_dtypes.bfloat16`` variables are computed as the convention's
+    ``low_precision_compute`` says (:mod:`refopt.precision`; bfloat16 only where that is
+    float32, else a ``TypeError``); :class:`refopt.MasterWeights` keeps float32 masters.
     A torch CPU tensor (``nn.Parameter`` included), or an object with ``__dlpack__`` or
     ``__array__`` that can be viewed writeably, is taken too, through a cached no-copy NumPy
     view (updated in place; gradients may be torch tensors, a sparse COO one becoming an
@@ -233,10 +344,19 @@ class Optimizer:
         jit_compile=True,
         backend=None,
         convention="tf_keras",
+        maximize=False,
         **kwargs,
     ):
         kwargs.pop("is_legacy_optimizer", None)  # present in tf-keras configs, no meaning here
+        accumulation_steps = kwargs.pop("gradient_accumulation_steps", None)  # Keras 3's
+        decay = _pop_legacy_decay(convention, kwargs)
         for key in kwargs:
+            if key == "decay" and _check_convention(convention).name == "tf1":
+                raise ValueError(
+                    "`decay` is Keras 2's legacy argument; convention='tf1' follows "
+                    "tf.compat.v1.train, whose optimizers have no `decay` (TypeError there). "
+                    "tf.compat.v1.keras.optimizers are Keras 2's legacy optimizers: use "
+                    f"convention='keras2'. Received: decay={kwargs[key]!r}")
             if key in _LEGACY_KWARGS:
                 raise ValueError(
                     f"`{key}` is a legacy Keras optimizer argument, not accepted by the tf.keras "
@@ -255,15 +375,21 @@ class Optimizer:
         self._kernels = self._executor.kernels  # the staged step's pure functions
         self.backend = backend
         self.convention = conv
+        self.maximize = check_bool("maximize", maximize)
+        if self.maximize and conv.maximize == "none":
+            raise ValueError(
+                f"convention={conv.name!r} has no `maximize` ({conv.framework}); it is "
+                "PyTorch's option (conventions 'torch', 'fbgemm'). Received: maximize=True"
+            )
         self.weight_decay = check_real("weight_decay", weight_decay, low=0, allow_none=True)
         if self.weight_decay is not None and self._decay_mode() == "none":
             raise ValueError(
                 f"convention={conv.name!r} has no weight decay for {type(self).__name__} "
                 f"({conv.framework}). Received: weight_decay={weight_decay!r}"
             )
-        self.clipnorm = check_real("clipnorm", clipnorm, allow_none=True)
-        self.clipvalue = check_real("clipvalue", clipvalue, allow_none=True)
-        self.global_clipnorm = check_real("global_clipnorm", global_clipnorm, allow_none=True)
+        self.clipnorm = _check_clip(conv, "clipnorm", clipnorm)
+        self.clipvalue = _check_clip(conv, "clipvalue", clipvalue)
+        self.global_clipnorm = _check_clip(conv, "global_clipnorm", global_clipnorm)
         if clipnorm is not None and global_clipnorm is not None:
             raise ValueError(
                 "At most one of `clipnorm` and `global_clipnorm` can be set. "
@@ -294,13 +420,22 @@ class Optimizer:
                 UserWarning,
                 stacklevel=3,
             )
+        self.decay = decay
+        if decay is not None and getattr(self, "_legacy_decay_ignored", False):
+            warnings.warn(
+                f"{type(self).__name__} under convention={conv.name!r} ignores decay={decay!r}, "
+                f"as {conv.framework.split(' (')[0]}'s {type(self).__name__} does (it never "
+                "applies its `decay`).", UserWarning, stacklevel=3)
         self.use_ema = check_bool("use_ema", use_ema)
         if self.use_ema and conv.ema == "none":
             raise ValueError(
                 f"convention={conv.name!r} has no moving average of the weights "
                 f"({conv.framework}). Received: use_ema=True"
             )
-        self.ema_momentum = check_real("ema_momentum", ema_momentum, low=0, high=1)
+        if ema_momentum is None and conv.ema == "torch":  # AveragedModel's default average
+            self.ema_momentum = None
+        else:
+            self.ema_momentum = check_real("ema_momentum", ema_momentum, low=0, high=1)
         if ema_overwrite_frequency is not None and (
             not isinstance(ema_overwrite_frequency, numbers.Integral)
             or isinstance(ema_overwrite_frequency, (bool, np.bool_))
@@ -314,6 +449,8 @@ class Optimizer:
             None if ema_overwrite_frequency is None else int(ema_overwrite_frequency)
         )
         self.jit_compile = check_bool("jit_compile", jit_compile)
+        self.gradient_accumulation_steps = _accumulation.check_steps(conv, accumulation_steps)
+        self._micro_steps = 0  # with gradient_accumulation_steps: Keras 3's raw counter
         self._iterations = 0
         self._learning_rate = None
         self._current_learning_rate = None
@@ -331,6 +468,7 @@ class Optimizer:
         self._slots = {}
         self._averages = []
         self._var_steps = []  # convention step_counter="per_variable": steps per variable
+        self._grad_accumulators = []  # gradient_accumulation_steps: host arrays, build order
         self._state = None  # the executor's state (slots and averages live in it)
 
     # ----------------------------------------------------------------- properties
@@ -363,6 +501,7 @@ class Optimizer:
             current = self._evaluate_schedule(self._learning_rate, value)
             self._current_learning_rate = current
         self._iterations = value
+        self._micro_steps = value * (self.gradient_accumulation_steps or 1)
 
     @property
     def learning_rate(self):
@@ -381,6 +520,14 @@ class Optimizer:
     @learning_rate.setter
     def learning_rate(self, value):
         if isinstance(value, _schedules.LearningRateSchedule):
+            lax = getattr(value, "convention", None)
+            if lax is not None and lax != self.convention.name and (
+                    self.convention.name not in _schedules._LAX_STEPS):
+                raise ValueError(
+                    f"This schedule was built under convention={lax!r} (which takes its "
+                    "`decay_steps` as given); the optimizer's convention="
+                    f"{self.convention.name!r} builds its schedules with Keras 3's checks. "
+                    f"Received: learning_rate={value!r}")
             self._current_learning_rate = self._evaluate_schedule(value)
             self._learning_rate = value
             return
@@ -430,11 +577,39 @@ class Optimizer:
             frame, level = frame.f_back, level + 1
         return level
 
+    def _step_rate(self, lr_value):
+        """The rate this step's update takes: ``lr_value``, or with Keras 2's legacy
+        ``decay`` > 0, ``lr / (1 + decay*iterations)`` in each variable's dtype (a
+        :class:`~refopt.reference._common.DecayedRate`)."""
+        decay = getattr(self, "decay", None)
+        if decay is None or not decay > 0 or getattr(self, "_legacy_decay_ignored", False):
+            return lr_value
+        return _DecayedRate(lr_value, decay, self._iterations)
+
     def _evaluate_schedule(self, schedule, step=None):
         step = self._iterations if step is None else step
         with np.errstate(over="ignore"):
             value = float(np.float32(schedule(step)))
-        if not math.isfinite(value) or value < 0:
+        if (not math.isfinite(value) or value < 0) and getattr(schedule, "convention", None):
+            # a schedule built under a framework's convention (tf-keras' decay_steps=0):
+            # that framework steps with this rate, so does refopt, with a warning
+            warnings.warn(
+                f"The learning-rate schedule {type(schedule).__name__} returned {value!r} at "
+                f"step {step} (convention={schedule.convention!r} accepts it); the variables "
+                "it updates become degenerate (NaN or moving uphill).", UserWarning,
+                stacklevel=self._user_stacklevel())
+            return _FrameworkRate(value)
+        elif (not math.isfinite(value) or value < 0) and getattr(schedule, "optax_numerics",
+                                                                  False):
+            # optax's schedules step with whatever their float32 arithmetic gives: a linear
+            # decay to 0 ends a hair below 0 under jit (T*f32(1/T) != 1), and optax goes on
+            if not math.isfinite(value):
+                warnings.warn(
+                    f"The optax schedule {type(schedule).__name__} returned {value!r} at step "
+                    f"{step}, as optax does under jax.jit; the variables it updates become "
+                    "NaN.", UserWarning, stacklevel=self._user_stacklevel())
+            return _FrameworkRate(value)
+        elif not math.isfinite(value) or value < 0:
             raise ValueError(
                 f"The learning-rate schedule {type(schedule).__name__} returned "
                 f"{value!r} at step {step}; a learning rate must be finite and >= 0."
@@ -654,7 +829,9 @@ class Optimizer:
     def _check_var_list(self, var_list, what="var_list"):
         # foreign arrays (torch tensors, __dlpack__/__array__ objects) -> their cached views
         var_list = _foreign.variables(self, var_list, what)
-        return self._executor.check_var_list(var_list, what)
+        var_list = self._executor.check_var_list(var_list, what)
+        _precision.check_supported(self, var_list, what)  # bfloat16
+        return var_list
 
     def build(self, var_list):
         """Create the state for ``var_list``: zero slots and, with EMA, copies of the variables.
@@ -915,6 +1092,7 @@ class Optimizer:
             "slots": slots,
             "variable_steps": [int(k) for k in self._var_steps] if self._built else [],
             "excluded_from_weight_decay": self._excluded_positions(self._vars),
+            **_accumulation.state(self),
         }
 
     def _excluded_positions(self, var_list):
@@ -989,9 +1167,26 @@ class Optimizer:
         if _is_real(saved.get("learning_rate")) and _is_real(current.get("learning_rate")):
             saved.pop("learning_rate")
             current.pop("learning_rate")
+        for key in self._param_group_state_keys(saved, current):
+            saved.pop(key)
+            current.pop(key)
         return [f"{k}: saved {saved.get(k, '(absent)')!r}, this optimizer "
                 f"{current.get(k, '(absent)')!r}"
                 for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+
+    #: Hyperparameters torch's schedulers change in ``param_groups`` (``OneCycleLR``'s
+    #: momentum cycling): under the torch conventions state, restored like the learning rate.
+    _PARAM_GROUP_KEYS = ("momentum", "beta_1", "beta_2")
+
+    def _param_group_state_keys(self, saved, current):
+        """The :data:`_PARAM_GROUP_KEYS` that are state here: under the PyTorch conventions
+        (whose ``param_groups`` a ``load_state_dict`` restores whole), a real number on both
+        sides, both zero or both non-zero (SGD's momentum buffer exists or not)."""
+        if self.convention.maximize == "none":  # not torch's family
+            return []
+        return [k for k in self._PARAM_GROUP_KEYS
+                if _is_real(saved.get(k)) and _is_real(current.get(k))
+                and (saved[k] == 0) == (current[k] == 0)]
 
     def load_state_dict(self, state_dict, var_list=None):
         """Restore a :meth:`state_dict`: all or nothing.
@@ -1051,6 +1246,11 @@ class Optimizer:
             raise ValueError(f"`state_dict` holds the state of an optimizer of class "
                              f"{sd['class']}; cannot load it into one of class {me}.")
         diffs = self._config_differences(sd["config"])
+        group_state = {}
+        if not diffs and isinstance(sd["config"], dict):
+            saved_cfg = sd["config"]
+            group_state = {k: float(saved_cfg[k]) for k in self._param_group_state_keys(
+                saved_cfg, self.get_config())}
         if diffs:
             raise ValueError(
                 "`state_dict` was saved from an optimizer with another configuration; create "
@@ -1161,6 +1361,7 @@ class Optimizer:
                             f"dtype {value.dtype}; slot {name!r} of variable {i} "
                             f"({_describe(self._vars[i])}) is {dtype} of shape {shape}.")
                     values.append((target, value))
+            accumulation = _accumulation.load_values(self, sd, built, iterations)
         except BaseException:
             self.__dict__.clear()
             self.__dict__.update(before)
@@ -1172,6 +1373,9 @@ class Optimizer:
             elif value.size:
                 target.copy_to_device(np.ascontiguousarray(value))
         self._iterations = iterations
+        for key, value in group_state.items():  # torch's param_groups: momentum, betas
+            setattr(self, key, value)
+        _accumulation.restore(self, accumulation)
         if self._built:
             self._var_steps = list(steps) if built and steps else [iterations] * len(self._vars)
         if lr is not None:
@@ -1201,10 +1405,14 @@ class Optimizer:
             "use_ema": self.use_ema,
             "ema_momentum": self.ema_momentum,
             "ema_overwrite_frequency": self.ema_overwrite_frequency,
+            **({"gradient_accumulation_steps": self.gradient_accumulation_steps}
+               if self.gradient_accumulation_steps else {}),
             "jit_compile": self.jit_compile,
             "is_legacy_optimizer": False,
             "backend": self.backend,
             "convention": conv.name if conv == PRESETS.get(conv.name) else conv.knobs(),
+            **({} if self.decay is None else {"decay": self.decay}),
+            **({"maximize": True} if self.maximize else {}),
         }
 
     @classmethod

@@ -44,6 +44,10 @@ class Nadam(Optimizer):
         PyTorch's NAdamW switch: ``weight_decay`` multiplies the variable by
         ``1 - lr * weight_decay`` before the step instead of adding ``weight_decay * w`` to
         the gradient; default False; accepted under ``convention="torch"`` only.
+    eps_root : float, optional
+        optax's ``eps_root`` inside the square root, :math:`\sqrt{\hat v + \epsilon_r}`
+        (finite, >= 0; None or 0: none); a nonzero value is accepted under
+        ``convention="optax"`` (``nadam_form="optax"``) only.
     {base_kwargs}
 
     Notes
@@ -77,6 +81,10 @@ class Nadam(Optimizer):
 
     slot_variables = ("m", "v")
 
+    # Keras 2's legacy Nadam takes `decay` and never applies it (its _prepare_local reads the
+    # raw learning-rate hyperparameter, not _decayed_lr); TF 2.15, issue 12 item 6
+    _legacy_decay_ignored = True
+
     def __init__(
         self,
         learning_rate=None,
@@ -96,6 +104,7 @@ class Nadam(Optimizer):
         name="Nadam",
         backend=None,
         convention="tf_keras",
+        eps_root=None,
         **kwargs,
     ):
         from refopt import schedules as _schedules
@@ -137,6 +146,13 @@ class Nadam(Optimizer):
         elif form == "torch":
             decoupled_weight_decay = False
         self.decoupled_weight_decay = decoupled_weight_decay
+        if eps_root is not None:
+            eps_root = check_real("eps_root", eps_root, low=0)
+            if eps_root and form != "optax":
+                raise ValueError(
+                    f"`eps_root` is optax's option; convention={conv.name!r} has no such term "
+                    f"for Nadam. Received: eps_root={eps_root!r}")
+        self.eps_root = eps_root or None
         super().__init__(
             name=name,
             learning_rate=learning_rate,
@@ -210,7 +226,7 @@ class Nadam(Optimizer):
             param, grad, slots["m"], slots["v"], learning_rate=learning_rate,
             beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon, step=step,
             convention=conv, momentum_decay=self.momentum_decay,
-            product_dtype=self._product_dtype())
+            product_dtype=self._product_dtype(), eps_root=self.eps_root)
         return r.param, {"m": r.m, "v": r.v}
 
     def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
@@ -224,7 +240,7 @@ class Nadam(Optimizer):
         return nadam_call(dtype, self.convention, learning_rate=learning_rate,
                           beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon,
                           step=step, momentum_decay=self.momentum_decay,
-                          product_dtype=self._product_dtype())
+                          product_dtype=self._product_dtype(), eps_root=self.eps_root)
 
     def get_config(self):
         config = super().get_config()
@@ -233,6 +249,8 @@ class Nadam(Optimizer):
             config["momentum_decay"] = self.momentum_decay
         if self.decoupled_weight_decay is not None:
             config["decoupled_weight_decay"] = self.decoupled_weight_decay
+        if self.eps_root:  # optax's option: only in the config where it is used
+            config["eps_root"] = self.eps_root
         return config
 
 

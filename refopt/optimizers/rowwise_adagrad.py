@@ -67,7 +67,8 @@ class RowWiseAdagrad(Optimizer):
         loop, about the exact step's cost; the reference backend (and ``"cuda"``, which
         takes the host's reference step) runs one vectorised NumPy step per *round*, rounds
         being the largest number of times one index occurs in the gradient (a row looked up
-        1000 times in a batch: 1000 NumPy steps).
+        1000 times in a batch: 1000 NumPy steps). Either way only the rows present are
+        gathered, updated and written back: the cost does not grow with the table.
     clipnorm, clipvalue, global_clipnorm, use_ema, ...
         As every refopt optimizer (PyTorch's conventions for them; FBGEMM's own
         ``gradient_clipping``/``max_norm`` are not reproduced).
@@ -176,6 +177,10 @@ class RowWiseAdagrad(Optimizer):
         """The approximate form needs the raw occurrences (see the staged step)."""
         return not self.exact
 
+    #: the approximate form moves only the present rows: the staged step gathers them and
+    #: hands the update the occurrences as an IndexedSlices over the gathered rows
+    _rows_in_turn = True
+
     def slot_shape(self, name, shape):
         if name == "accumulator":  # one per row (FBGEMM's momentum1)
             return tuple(shape[:1])
@@ -194,7 +199,10 @@ class RowWiseAdagrad(Optimizer):
         k = self._kernels  # the reference's functions, or the CPU's compiled row step
         acc = slots["accumulator"]
         kw = self._kw(learning_rate)
-        if lazy_rows:  # the present rows, gathered (duplicates summed)
+        if lazy_rows and isinstance(grad, IndexedSlices):  # approximate, gathered rows
+            p, a = k.rowwise_adagrad_sequential_update(param, grad, acc,
+                                                       convention=self.convention, **kw)
+        elif lazy_rows:  # the present rows, gathered (duplicates summed)
             p, a = k.rowwise_adagrad_rows(param, grad, acc, **kw)
         elif isinstance(grad, IndexedSlices):  # approximate: the occurrences in turn
             p, a = k.rowwise_adagrad_sequential_update(param, grad, acc,

@@ -25,14 +25,31 @@ class SGD(Optimizer):
         In [0, 1]. The slot ``m`` is kept even at 0, as tf-keras does.
     nesterov : bool, default False
         Nesterov momentum.
+    dampening : float, default 0.0
+        PyTorch's dampening (convention ``"torch"``/``"fbgemm"`` only; ``ValueError``
+        elsewhere, and with ``nesterov``, as torch): ``b <- momentum b + (1 - dampening) g``,
+        except on a variable's first step, where ``b <- g`` (torch skips it there).
     {base_kwargs}
 
     Notes
     -----
     ``m <- (-g) lr + m momentum``; ``w <- w + m`` (Nesterov: ``w <- w + (-g) lr + m momentum``
     with the updated ``m``). See :func:`refopt.reference.sgd_update`. PyTorch's SGD keeps a
-    velocity without the learning rate (``b = momentum b + g; w -= lr b``), which rounds
-    differently and differs when the learning rate changes.
+    velocity without the learning rate (``b = momentum b + (1 - dampening) g; w -= lr b``,
+    the sum one FMA; ``torch/optim/sgd.py``), which rounds differently and differs when the
+    learning rate changes.
+
+    An :class:`~refopt.IndexedSlices` gradient under ``"keras3"`` and ``"keras2"`` without
+    momentum is a scatter, each occurrence in turn (``w[r] -= round(g*lr)``,
+    :func:`refopt.reference.sgd_sparse_scatter_update`; golden cases
+    ``keras3/sgd_sparse_dup_f32``, ``keras2/sgd_sparse_dup_f32``); tf-keras sums the
+    duplicates first. An :class:`~refopt.IndexedSlices` gradient under ``"torch"`` without momentum is
+    torch's sparse step: only the rows present move, each occurrence added in turn
+    (duplicates not summed first; :func:`refopt.reference.sgd_sparse_torch_update`, golden
+    cases ``torch/sgd_sparse_*``). With momentum torch keeps a sparse buffer that grows by
+    every step's entries; refopt densifies the gradient there (the dense step: the same
+    values up to rounding, every row's buffer decaying). ``weight_decay`` with a sparse
+    gradient raises ``TypeError``, as torch refuses it.
 
     Examples
     --------
@@ -50,6 +67,7 @@ class SGD(Optimizer):
         learning_rate=0.01,
         momentum=0.0,
         nesterov=False,
+        dampening=0.0,
         weight_decay=None,
         clipnorm=None,
         clipvalue=None,
@@ -65,6 +83,7 @@ class SGD(Optimizer):
     ):
         self.momentum = check_real("momentum", momentum, low=0, high=1)
         self.nesterov = check_bool("nesterov", nesterov)
+        self.dampening = check_real("dampening", dampening)
         super().__init__(
             name=name,
             learning_rate=learning_rate,
@@ -80,12 +99,34 @@ class SGD(Optimizer):
             convention=convention,
             **kwargs,
         )
+        if self.dampening != 0 and self.convention.sgd_momentum != "torch":
+            raise ValueError(
+                f"convention={self.convention.name!r} has no SGD dampening (PyTorch's "
+                f"option). Received: dampening={dampening!r}")
+        if self.dampening != 0 and self.nesterov:
+            raise ValueError("Nesterov momentum requires zero dampening (torch's rule). "
+                             f"Received: nesterov=True, dampening={dampening!r}")
 
     def _slot_groups(self):
         return (("m",),)
 
     def _is_lazy(self):
-        return self.convention.sgd_momentum == "tf1"  # SparseApplyMomentum: only the rows
+        # only the rows present move: TF1's SparseApplyMomentum, and Keras 2's legacy SGD with
+        # momentum (ResourceSparseApplyKerasMomentum on the summed rows; issue 12 item 9)
+        conv = self.convention
+        return conv.sgd_momentum == "tf1" or (
+            conv.sparse_adam == "keras2" and conv.sgd_momentum == "keras" and self.momentum != 0)
+
+    def _keeps_duplicates(self):
+        """PyTorch's SGD without momentum adds each occurrence of a sparse gradient in turn
+        (:func:`refopt.reference.sgd_sparse_torch_update`), Keras 3's and Keras 2's scatter
+        it in turn (:func:`refopt.reference.sgd_sparse_scatter_update`; the convention knob
+        ``sgd_sparse_scatter``): the staged step keeps them."""
+        conv = self.convention
+        return self.momentum == 0 and (conv.sgd_momentum == "torch" or conv.sgd_sparse_scatter)
+
+    #: with the occurrences kept, only the present rows move: the staged step gathers them
+    _rows_in_turn = True
 
     def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
                      lazy_rows=False):
@@ -93,6 +134,11 @@ class SGD(Optimizer):
             return Optimizer._update_step(self, param, grad, slots, learning_rate, step,
                                           weight_decay, lazy_rows)
         conv = self.convention
+        if lazy_rows and isinstance(grad, IndexedSlices):  # the occurrences in turn
+            update = (self._kernels.sgd_sparse_torch_update if conv.sgd_momentum == "torch"
+                      else self._kernels.sgd_sparse_scatter_update)
+            p = update(param, grad, learning_rate=learning_rate)
+            return p, {"m": slots["m"]}
         if conv.sgd_momentum != "keras" or weight_decay is not None:
             if isinstance(grad, IndexedSlices):  # torch and optax SGD are linear in g
                 grad = grad.to_dense()
@@ -100,7 +146,7 @@ class SGD(Optimizer):
                 p, m = _variants.sgd_variant(
                     param, grad, slots["m"], learning_rate=learning_rate,
                     momentum=self.momentum, nesterov=self.nesterov, convention=conv,
-                    weight_decay=weight_decay)
+                    weight_decay=weight_decay, dampening=self.dampening, step=step)
             return np.asarray(p), {"m": np.asarray(m)}
         r = self._kernels.sgd_update(
             param,
@@ -113,6 +159,8 @@ class SGD(Optimizer):
         return r.param, {"m": r.m}
 
     def _sparse_update_kind(self):
+        if self._keeps_duplicates():
+            return None  # the occurrences in turn: the host's staged step
         return "sgd_table" if self.convention.sgd_momentum == "keras" else "densify"
 
     def update_rule(self, dtype, learning_rate, step, *, lazy_rows=False,
@@ -121,11 +169,14 @@ class SGD(Optimizer):
         from refopt.rules.sgd import sgd_call
 
         return sgd_call(dtype, self.convention, learning_rate=learning_rate,
-                        momentum=self.momentum, nesterov=self.nesterov)
+                        momentum=self.momentum, nesterov=self.nesterov,
+                        dampening=self.dampening, step=step)
 
     def get_config(self):
         config = super().get_config()
         config.update(momentum=self.momentum, nesterov=self.nesterov)
+        if self.dampening != 0:  # PyTorch's; absent from the other frameworks' configs
+            config.update(dampening=self.dampening)
         return config
 
 

@@ -55,7 +55,12 @@ from refopt.reference.rowwise_adagrad import (
     rowwise_adagrad_sequential_update,
     rowwise_adagrad_update,
 )
-from refopt.reference.sgd import SGDResult, sgd_update
+from refopt.reference.sgd import (
+    SGDResult,
+    sgd_sparse_scatter_update,
+    sgd_sparse_torch_update,
+    sgd_update,
+)
 from refopt.reference.weight_decay import apply_weight_decay
 
 __all__ = [
@@ -118,5 +123,7 @@ __all__ = [
     "rowwise_adagrad_rows",
     "rowwise_adagrad_sequential_update",
     "rowwise_adagrad_update",
+    "sgd_sparse_scatter_update",
+    "sgd_sparse_torch_update",
     "sgd_update",
 ]

@@ -89,6 +89,8 @@ def check_real(name, value, *, low=None, high=None, low_open=False, high_open=Fa
     """
     if value is None and allow_none:
         return None
+    if isinstance(value, FrameworkRate):
+        return value  # a framework's own (possibly degenerate) rate, see FrameworkRate
     if not _is_real(value):
         raise TypeError(f"`{name}` must be a real number. Received: {name}={value!r}")
     try:
@@ -189,6 +191,52 @@ def tf_cast(dtype, x):
         return np.dtype(dtype).type(np.float32(x))
 
 
+class FrameworkRate(float):
+    """A learning rate a framework computed and steps with, degenerate or not.
+
+    The optimizers pass one where a convention's framework accepts what refopt's own API
+    refuses (issue 12 item 6: a tf-keras schedule with ``decay_steps=0`` gives NaN, Keras 2's
+    ``decay=inf`` NaN then 0): :func:`check_real` lets it through, so the reference step
+    computes what the framework computes (the optimizer has warned).
+    """
+
+
+class DecayedRate(FrameworkRate):
+    """Keras 2's learning rate after its legacy ``decay``, one value per variable dtype.
+
+    ``tf.keras.optimizers.legacy`` computes ``lr_t = lr / (1 + decay * iterations)`` in each
+    variable's dtype (``lr`` and ``decay`` float32 hyperparameters cast to it, ``iterations``
+    cast to it), so a float64 variable sees a rate no float32 holds. The float value is the
+    float32 one; :func:`lr_cast` returns the dtype's own value.
+    """
+
+    def __new__(cls, learning_rate, decay, iterations):
+        values = {}
+        with np.errstate(all="ignore"):
+            for dt in (np.float16, np.float32, np.float64):
+                one = dt(1.0)
+                values[np.dtype(dt)] = dt(np.float32(learning_rate)) / (
+                    one + dt(np.float32(decay)) * dt(iterations))
+        self = super().__new__(cls, float(values[np.dtype(np.float32)]))
+        self.values = values
+        return self
+
+    def in_dtype(self, dtype):
+        """The rate as a scalar of ``dtype``."""
+        return self.values[np.dtype(dtype)]
+
+    def _key(self):
+        return tuple(v.tobytes() for v in self.values.values())
+
+    def __eq__(self, other):
+        if isinstance(other, DecayedRate):
+            return self._key() == other._key()
+        return NotImplemented
+
+    def __hash__(self):
+        return hash(self._key())
+
+
 def lr_cast(dtype, learning_rate, name="learning_rate"):
     """The learning rate as tf-keras sees it: a float32 variable cast to ``dtype``.
 
@@ -201,6 +249,8 @@ def lr_cast(dtype, learning_rate, name="learning_rate"):
         the rate in float32 (``Convention.learning_rate_cast == "float32"``). ``name`` is
         the argument named in the message.
     """
+    if isinstance(learning_rate, DecayedRate):
+        return learning_rate.in_dtype(dtype)
     with np.errstate(over="ignore"):
         rate = np.float32(learning_rate)
     if not np.isfinite(rate) and np.isfinite(learning_rate):

@@ -264,7 +264,7 @@ def _check(param, grad):
     return param, grad
 
 
-def _check_state(param, state, two):
+def _check_state(param, state, two, block_size):
     if not isinstance(state, EightBitState):
         raise TypeError("`state` must be an EightBitState (from adam8bit_initial_state or "
                         f"lion8bit_initial_state). Received: {type(state).__name__}")
@@ -276,10 +276,16 @@ def _check_state(param, state, two):
                 or np.asarray(state.state2).dtype != s1.dtype):
         raise ValueError("`state.state2` must match `state.state1`.")
     if s1.dtype == np.uint8:
+        if int(block_size) != block_size or block_size < 1:
+            raise ValueError(f"`block_size` must be an integer >= 1. Received: {block_size!r}")
+        nb = _blocks(param.size, int(block_size))
         for name in ("absmax1", "absmax2") if two else ("absmax1",):
             a = getattr(state, name)
-            if a is None or np.asarray(a).dtype != _F32 or np.asarray(a).ndim != 1:
-                raise ValueError(f"`state.{name}` must be a float32 vector of block maxima.")
+            if a is None or np.asarray(a).dtype != _F32 or np.asarray(a).shape != (nb,):
+                raise ValueError(
+                    f"`state.{name}` must be a float32 vector of the {nb} block maxima of "
+                    f"blocks of block_size={block_size!r} (the state's blocks). Received: "
+                    f"{None if a is None else (np.asarray(a).dtype, np.asarray(a).shape)}")
 
 
 def adam8bit_update(param, grad, state, step, learning_rate=1e-3, beta_1=0.9, beta_2=0.999,
@@ -336,7 +342,7 @@ def adam8bit_update(param, grad, state, step, learning_rate=1e-3, beta_1=0.9, be
     the module docstring for bitsandbytes' MKL one.
     """
     param, grad = _check(param, grad)
-    _check_state(param, state, True)
+    _check_state(param, state, True, block_size)
     step = check_step(step)
     lr = check_real("learning_rate", learning_rate, low=0)
     b1 = check_real("beta_1", beta_1, low=0, high=1)
@@ -411,7 +417,7 @@ def lion8bit_update(param, grad, state, step, learning_rate=1e-4, beta_1=0.9, be
         As :func:`adam8bit_update`.
     """
     param, grad = _check(param, grad)
-    _check_state(param, state, False)
+    _check_state(param, state, False, block_size)
     check_step(step)
     lr = check_real("learning_rate", learning_rate, low=0)
     b1 = check_real("beta_1", beta_1, low=0, high=1)

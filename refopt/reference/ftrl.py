@@ -40,6 +40,7 @@ from refopt import _libm
 from refopt.conventions import Convention, get_convention
 from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
+    DecayedRate,
     as_float_array,
     check_grad,
     check_hyper,
@@ -238,7 +239,8 @@ def ftrl_scalars(dtype, convention=None, *, learning_rate, learning_rate_power=-
                        two_shrinkage=scalar(dt, 2 * float(l2_shrinkage_regularization_strength)),
                        use_sqrt=False)
         else:
-            lr = tf_cast(dt, float(learning_rate))
+            lr = (lr_cast(dt, learning_rate) if isinstance(learning_rate, DecayedRate)
+                  else tf_cast(dt, float(learning_rate)))  # Keras 2's decay, per dtype
             if form == "keras2":
                 l2 = tf_cast(dt, float(l2_regularization_strength)) + tf_cast(
                     dt, float(beta)) / (scalar(dt, 2.0) * lr)

@@ -428,9 +428,10 @@ def _torch(w, g, m, v, lr, b1, b2, eps, t, sch):
     return w, m, v
 
 
-def _optax(w, g, m, v, lr, b1, b2, eps, t):
+def _optax(w, g, m, v, lr, b1, b2, eps, t, eps_root=None, weight_decay=None):
     """``scale_by_adam(nesterov=True)`` under ``jit`` (several leaves) and
-    ``apply_updates``."""
+    ``apply_updates``; ``eps_root`` inside the root, ``sqrt(nu_hat + eps_root)``;
+    ``weight_decay``: ``optax.adamw(nesterov=True)``'s ``fma(w, wd, u)`` before ``-lr``."""
     dt = w.dtype
     work = _F64 if dt == _F64 else _F32
     one = scalar(dt, 1)
@@ -443,12 +444,17 @@ def _optax(w, g, m, v, lr, b1, b2, eps, t):
         return one - scalar(dt, _libm.power(work, work.type(b), work.type(k)))
 
     m_hat = fma(m / bc(b1, t + 1), b1d, (g / bc(b1, t)) * c1)
-    u = (m_hat / (np.sqrt(v / bc(b2, t)) + scalar(dt, eps))) * scalar(dt, -float(lr))
-    return w + u, m, v
+    v_hat = v / bc(b2, t)
+    if eps_root:  # (+0 would change no bit of v_hat >= +0)
+        v_hat = v_hat + scalar(dt, eps_root)
+    u = m_hat / (np.sqrt(v_hat) + scalar(dt, eps))
+    if weight_decay is not None:
+        u = fma(w, scalar(dt, weight_decay), u)
+    return w + u * scalar(dt, -float(lr)), m, v
 
 
 def nadam_update(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, step,
-                 convention=None, momentum_decay=None, product_dtype=None):
+                 convention=None, momentum_decay=None, product_dtype=None, eps_root=None):
     r"""One Nadam step as the convention's framework computes it; returns new arrays.
 
     Parameters
@@ -477,6 +483,9 @@ def nadam_update(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, s
     product_dtype : numpy dtype or None
         The dtype of the Keras forms' shared momentum product (the optimizer's first
         variable's dtype); None: ``param``'s.
+    eps_root : float or None
+        optax's ``eps_root``, inside the square root (:math:`\sqrt{\hat v + \epsilon_r}`),
+        >= 0; None or 0: none. A nonzero value under another form raises ValueError.
 
     Returns
     -------
@@ -620,12 +629,13 @@ def nadam_update(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, s
     """
     param, grad, m, v, form = check_nadam_args(
         param, grad, m, v, learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
-        epsilon=epsilon, step=step, convention=convention, momentum_decay=momentum_decay)
+        epsilon=epsilon, step=step, convention=convention, momentum_decay=momentum_decay,
+        eps_root=eps_root)
     conv = _convention(convention)
     args = (learning_rate, beta_1, beta_2, epsilon, step)
     with np.errstate(all="ignore"):
         if form == "optax":
-            w, m_new, v_new = _optax(param, grad, m, v, *args)
+            w, m_new, v_new = _optax(param, grad, m, v, *args, eps_root)
             return NadamResult(np.asarray(w), np.asarray(m_new), np.asarray(v_new))
         sch = nadam_schedule(step, beta_1=beta_1, convention=conv, dtype=param.dtype,
                              product_dtype=product_dtype, momentum_decay=momentum_decay)
@@ -647,7 +657,7 @@ def nadam_update(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, s
 
 
 def check_nadam_args(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, step,
-                     convention, momentum_decay):
+                     convention, momentum_decay, eps_root=None):
     """Validate :func:`nadam_update`'s arguments (its Raises section); return
     ``(param, grad, m, v, form)``. Shared with the fast backends' ``nadam_update`` so that
     they raise the same errors."""
@@ -687,5 +697,13 @@ def check_nadam_args(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilo
             raise ValueError(
                 f"`momentum_decay` must be finite and >= 0. Received: "
                 f"momentum_decay={momentum_decay!r}")
+    if eps_root is not None:
+        check_hyper("eps_root", eps_root)
+        if not (eps_root >= 0 and math.isfinite(eps_root)):
+            raise ValueError(f"`eps_root` must be finite and >= 0. Received: eps_root={eps_root!r}")
+        if eps_root and form != "optax":
+            raise ValueError(
+                "`eps_root` is optax's option; the other frameworks' Nadam has none. "
+                f"Received: eps_root={eps_root!r} with nadam_form={form!r}")
     check_step(step)
     return param, grad, m, v, form

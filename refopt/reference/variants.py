@@ -164,12 +164,13 @@ def _moments(m, v, g, dtype, b1, b2, conv, g_squared=None):
 
 
 def adam_variant(param, grad, m, v, vhat, *, learning_rate, beta_1, beta_2, epsilon, step,
-                 convention, weight_decay=None):
+                 convention, weight_decay=None, eps_root=None):
     """One Adam step under ``convention``; arguments as :func:`refopt.reference.adam_update`.
 
     ``grad`` is an ndarray, or an IndexedSlices when ``convention.sparse_adam`` allows one
     (already checked by the caller). ``weight_decay`` is used only by optax's ``adamw``
-    (``u = -lr*(adam_u + wd*w)``); the other couplings are separate steps.
+    (``u = -lr*(adam_u + wd*w)``); the other couplings are separate steps. ``eps_root``
+    (optax's term inside the root, ``sqrt(v_hat + eps_root)``) is used by the optax form only.
 
     Returns ``(param, m, v, vhat)`` as new arrays.
     """
@@ -229,6 +230,8 @@ def adam_variant(param, grad, m, v, vhat, *, learning_rate, beta_1, beta_2, epsi
     else:
         vhat_new = np.maximum(vhat, v_new)
         denom_v = vhat_new / bc2
+    if eps_root:  # optax's sqrt(nu_hat + eps_root) (+0 changes no bit of nu_hat >= +0)
+        denom_v = denom_v + scalar(dtype, eps_root)
     u = m_new / (bc1 * (np.sqrt(denom_v) + eps))
     if weight_decay is not None:
         u = fma(param, scalar(dtype, weight_decay), u)
@@ -297,11 +300,13 @@ def l2_torch(grad, param, weight_decay):
 
 # ----------------------------------------------------------------------------- SGD
 def sgd_variant(param, grad, m, *, learning_rate, momentum, nesterov, convention,
-                weight_decay=None):
+                weight_decay=None, dampening=0.0, step=None):
     """One SGD step under ``convention`` (dense gradient); returns ``(param, m)``.
 
     ``weight_decay``: PyTorch's L2 term ``g = fma(wd, w, g)`` (``grad.add(param,
-    alpha=wd)``), used with ``convention.sgd_momentum == "torch"`` only.
+    alpha=wd)``), used with ``convention.sgd_momentum == "torch"`` only. ``dampening``
+    (torch only): ``b = fma(1 - dampening, g, b mu)`` (``buf.mul_(mu).add_(g, alpha=1 -
+    dampening)``), except at ``step`` 1, where torch's buffer is a copy of ``g``.
     """
     conv = convention
     dtype = param.dtype
@@ -318,11 +323,14 @@ def sgd_variant(param, grad, m, *, learning_rate, momentum, nesterov, convention
             grad = fma(scalar(dtype, weight_decay), param, grad)
         mu = scalar(dtype, momentum)
         if momentum:
-            buf = m * mu + grad
-            step = fma(mu, buf, grad) if nesterov else buf
+            if step == 1:  # torch: the buffer starts as a copy of the gradient
+                buf = m * mu + grad
+            else:
+                buf = fma(scalar(dtype, 1.0 - float(dampening)), grad, m * mu)
+            direction = fma(mu, buf, grad) if nesterov else buf
         else:
-            buf, step = m, grad
-        return fma(scalar(dtype, -float(learning_rate)), step, param), buf
+            buf, direction = m, grad
+        return fma(scalar(dtype, -float(learning_rate)), direction, param), buf
     # optax: trace t = g + mu*t (one FMA under jit), update -lr*t, then p + u
     mu = scalar(dtype, momentum)
     tr = fma(mu, m, grad)
@@ -399,14 +407,21 @@ def clip_norm_variant(grad, clip_norm, convention):
 
 
 # ----------------------------------------------------------------------------- EMA
-def ema_variant(average, param, *, ema_momentum, first_step, convention):
+def ema_variant(average, param, *, ema_momentum, first_step, convention, num_averaged=None):
     """The weight average after a step under ``convention.ema``; returns a new array.
 
     ``"keras3"``: ``mu = dtype(ema_momentum)``, or 0 on the first step, then
     ``mu*avg + (1 - mu)*w`` with ``1 - mu`` in the dtype. ``"torch"``: the first update copies
-    ``w``; later ones ``avg.lerp_(w, 1 - decay)`` (one FMA, branch on ``|weight| < 0.5``).
+    ``w``; later ones ``avg.lerp_(w, 1 - decay)`` (one FMA, branch on ``|weight| < 0.5``);
+    with ``ema_momentum=None`` ``AveragedModel``'s default equal-weight average on the CPU
+    (``get_swa_avg_fn``): ``avg + (w - avg) / dtype(n + 1)``, three rounded operations, ``n``
+    = ``num_averaged``, the averages taken before this one.
     """
     dtype = average.dtype
+    if ema_momentum is None and convention.ema == "torch":
+        if first_step:
+            return param.copy()
+        return average + (param - average) / scalar(dtype, num_averaged + 1)
     if convention.ema == "keras3":
         mu = scalar(dtype, 0.0 if first_step else ema_momentum)
         return mu * average + (scalar(dtype, 1) - mu) * param

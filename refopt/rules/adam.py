@@ -39,7 +39,7 @@ from refopt.rules.ops import add, div, fma, maximum, mul, sqrt, sub
 F_FORM, F_MOMENTS, F_LERP_LOW, F_AMS_CORRECTED, F_OPTAX_WD = range(5)
 # scalars
 (S_ALPHA, S_C1, S_C2, S_B1, S_B2, S_EPS, S_W1, S_BC2, S_BC2_SQRT, S_NEG_STEP, S_BC1,
- S_NEG_LR, S_WD) = range(13)
+ S_NEG_LR, S_WD, S_EPS_ROOT) = range(14)
 
 
 @register_jitable
@@ -81,8 +81,9 @@ def step_torch(p, m, den, sc):
 
 @register_jitable
 def step_optax(p, m, den, sc, fl):
-    """``u = m / (bc1 (sqrt(den) + eps))``, ``u = fma(p, wd, u)`` for adamw, ``p + u (-lr)``."""
-    u = div(m, mul(sc[S_BC1], add(sqrt(den), sc[S_EPS])))
+    """``u = m / (bc1 (sqrt(den + eps_root) + eps))``, ``u = fma(p, wd, u)`` for adamw,
+    ``p + u (-lr)``. ``eps_root`` is 0 unless set (``den >= +0``: adding +0 changes no bit)."""
+    u = div(m, mul(sc[S_BC1], add(sqrt(add(den, sc[S_EPS_ROOT])), sc[S_EPS])))
     if fl[F_OPTAX_WD] != 0:
         u = fma(p, sc[S_WD], u)
     return add(p, mul(u, sc[S_NEG_LR]))
@@ -179,10 +180,11 @@ _MOMENTS = {"keras": 0, "ema": 1, "torch_fma": 2, "optax_fma": 3}
 
 
 def adam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step, amsgrad,
-              optax_weight_decay=None, lazy_rows=False):
+              optax_weight_decay=None, lazy_rows=False, eps_root=None):
     """The :class:`~refopt.rules.RuleCall` of one Adam step for ``dtype`` under ``conv``.
 
-    ``optax_weight_decay``: optax ``adamw``'s decay inside the update. ``lazy_rows``: the
+    ``optax_weight_decay``: optax ``adamw``'s decay inside the update; ``eps_root``: optax's
+    term inside the root (optax form only; None is 0). ``lazy_rows``: the
     call is for the rows of a lazy sparse step (``conv.lazy_update``: TF1/TF-Addons rows use
     the ``b m + (1 - b) g`` moments; ``"torch_sparse"`` is SparseAdam's rule). The scalars
     that do not depend on the step are computed once per configuration (cached).
@@ -190,7 +192,7 @@ def adam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step, amsg
     V = _variants()
     dtype = np.dtype(dtype)
     rule, base, fl, lanes, form, bases = _adam_static(dtype, conv, beta_1, beta_2, epsilon, amsgrad,
-                                                optax_weight_decay, lazy_rows)
+                                                optax_weight_decay, lazy_rows, eps_root)
     sc = base.copy()
     if lazy_rows and conv.lazy_update == "ema_rows":
         conv = conv.replace(moment_update="ema")
@@ -253,12 +255,13 @@ _POW = _pow_functions()
 
 
 @functools.lru_cache(maxsize=256)
-def _adam_static(dtype, conv, beta_1, beta_2, epsilon, amsgrad, optax_weight_decay, lazy_rows):
+def _adam_static(dtype, conv, beta_1, beta_2, epsilon, amsgrad, optax_weight_decay, lazy_rows,
+                 eps_root=None):
     """``(rule, scalars without the step's, flags, tail lanes, form, the betas as tf.cast
     gives them)``; form 3: SparseAdam."""
     from refopt.reference import variants as V
 
-    sc = [0] * 13
+    sc = [0] * 14
     with np.errstate(all="ignore"):
         if lazy_rows and conv.lazy_update == "torch_sparse":
             sc[S_C1] = V.scalar(dtype, 1 - beta_1)
@@ -276,6 +279,8 @@ def _adam_static(dtype, conv, beta_1, beta_2, epsilon, amsgrad, optax_weight_dec
         sc[S_W1] = sc[S_C1] - one
         if optax_weight_decay is not None:
             sc[S_WD] = V.scalar(dtype, optax_weight_decay)
+        if eps_root:
+            sc[S_EPS_ROOT] = V.scalar(dtype, eps_root)
     moments_form = _MOMENTS[conv.moment_update]
     lerp_low = abs(float(sc[S_C1])) < 0.5
     if conv.epsilon_placement == "hat":
@@ -305,6 +310,7 @@ def tf_keras_call(dtype, *, learning_rate, beta_1, beta_2, epsilon, step, amsgra
     sc = [0] * 13
     sc[S_ALPHA], sc[S_C1], sc[S_C2], sc[S_EPS] = (s.alpha, s.one_minus_beta_1,
                                                   s.one_minus_beta_2, s.epsilon)
+    sc.append(0)  # S_EPS_ROOT
     if table:
         rule = AMSGRAD_TABLE if amsgrad else ADAM_TABLE
     else:

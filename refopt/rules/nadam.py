@@ -29,9 +29,9 @@ from numba.extending import register_jitable
 from refopt.rules import Rule, RuleCall, flags, scalars
 from refopt.rules.ops import add, div, fma, mul, sqrt, sub
 
-F_FORM, F_LERP_HIGH = 0, 1
+F_FORM, F_LERP_HIGH, F_OPTAX_WD = 0, 1, 2
 (S_LR, S_EPS, S_C1, S_C2, S_B1, S_B2, S_OMU, S_MU1, S_OMP, S_OMP1, S_DEN2, S_CG, S_CM,
- S_W1) = range(14)
+ S_W1, S_EPS_ROOT, S_WD) = range(16)
 # optax reuses: S_LR = -lr, S_DEN2 = B2 (1 - b2^t), S_CG = B1 (1 - b1^t), S_CM = B1' (t + 1)
 
 #: The element's forms, by name.
@@ -68,15 +68,19 @@ def nadam_element(p, g, m, v, sc, fl, tail):
     m = fma(sc[S_C1], g, mul(sc[S_B1], m))
     v = fma(sc[S_C2], mul(g, g), mul(sc[S_B2], v))
     m_hat = fma(div(m, sc[S_CM]), sc[S_B1], mul(div(g, sc[S_CG]), sc[S_C1]))
-    u = mul(div(m_hat, add(sqrt(div(v, sc[S_DEN2])), sc[S_EPS])), sc[S_LR])
-    return add(p, u), m, v
+    # optax's eps_root inside the root (0 unless set: +0 changes no bit of v / B2 >= +0)
+    u = div(m_hat, add(sqrt(add(div(v, sc[S_DEN2]), sc[S_EPS_ROOT])), sc[S_EPS]))
+    if fl[F_OPTAX_WD] != 0:  # optax.adamw(nesterov=True): add_decayed_weights, one FMA
+        u = fma(p, sc[S_WD], u)
+    return add(p, mul(u, sc[S_LR])), m, v
 
 
 NADAM = Rule("nadam", nadam_element, ("m", "v"))
 
 
 def nadam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step,
-               momentum_decay=None, product_dtype=None):
+               momentum_decay=None, product_dtype=None, eps_root=None,
+               optax_weight_decay=None):
     """The :class:`~refopt.rules.RuleCall` of one dense Nadam step for ``dtype`` under
     ``conv`` (``product_dtype``: the Keras forms' shared product's dtype, default ``dtype``)."""
     from refopt import _libm
@@ -85,7 +89,7 @@ def nadam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step,
 
     dtype = np.dtype(dtype)
     form_name = conv.nadam_form
-    sc = [0] * 14
+    sc = [0] * 16
     high = 0
     with np.errstate(all="ignore"):
         one = scalar(dtype, 1)
@@ -102,6 +106,10 @@ def nadam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step,
             sc[S_B1], sc[S_B2] = scalar(dtype, beta_1), scalar(dtype, beta_2)
             sc[S_DEN2], sc[S_CG], sc[S_CM] = bc(beta_2, step), bc(beta_1, step), bc(beta_1,
                                                                                     step + 1)
+            if eps_root:
+                sc[S_EPS_ROOT] = scalar(dtype, eps_root)
+            if optax_weight_decay is not None:
+                sc[S_WD] = scalar(dtype, optax_weight_decay)
         else:
             sch = nadam_schedule(step, beta_1=beta_1, convention=conv, dtype=dtype,
                                  product_dtype=product_dtype, momentum_decay=momentum_decay)
@@ -125,11 +133,12 @@ def nadam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step,
                 sc[S_OMU], sc[S_MU1] = one - sch.mu, sch.mu_next
                 sc[S_OMP], sc[S_OMP1] = one - sch.product, one - sch.product_next
                 sc[S_DEN2] = one - _libm.power(dtype, b2, scalar(dtype, step))
-    return RuleCall(NADAM, scalars(dtype, sc), flags([form, high]))
+    wd = int(form == FORMS["optax"] and optax_weight_decay is not None)
+    return RuleCall(NADAM, scalars(dtype, sc), flags([form, high, wd]))
 
 
 def pure_update(apply, param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, step,
-                convention, momentum_decay, product_dtype):
+                convention, momentum_decay, product_dtype, eps_root=None):
     """:func:`refopt.reference.nadam_update` computed by this rule with a backend's
     ``apply(call, param, grad, slots) -> (param, slots)`` (the CPU and CUDA pure functions):
     the reference's own argument checks, then one rule step; an IndexedSlices gradient is
@@ -141,14 +150,14 @@ def pure_update(apply, param, grad, m, v, *, learning_rate, beta_1, beta_2, epsi
     kw = dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
               step=step, momentum_decay=momentum_decay)
     param, grad, m, v, form = ref.check_nadam_args(param, grad, m, v, convention=convention,
-                                                   **kw)
+                                                   eps_root=eps_root, **kw)
     conv = ref._convention(convention)
     if isinstance(grad, IndexedSlices):
         if form != "keras3" or conv.keras3_sparse_square:
             return ref.nadam_update(param, grad, m, v, convention=conv,
-                                    product_dtype=product_dtype, **kw)
+                                    product_dtype=product_dtype, eps_root=eps_root, **kw)
         grad = grad.deduplicate().to_dense()
-    call = nadam_call(param.dtype, conv, product_dtype=product_dtype, **kw)
+    call = nadam_call(param.dtype, conv, product_dtype=product_dtype, eps_root=eps_root, **kw)
     with np.errstate(all="ignore"):
         p, out = apply(call, param, grad, [m, v])
     return ref.NadamResult(p, out[0], out[1])

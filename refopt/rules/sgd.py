@@ -2,8 +2,10 @@
 
 ``F_FORM``: 0 Keras' velocity ``m = (-g) lr + m mu; p = p + m`` (Nesterov ``p + ((-g) lr +
 m mu)`` with the new ``m``); 1 TF1's ``MomentumOptimizer`` ``a = a mu + g; p - a lr``
-(Nesterov ``p - (g lr + a mu lr)``); 2 PyTorch's ``b = b mu + g`` (no momentum: ``b`` kept,
-the step is ``g``), ``p = fma(-lr, step, p)`` with the Nesterov step ``fma(mu, b, g)``;
+(Nesterov ``p - (g lr + a mu lr)``); 2 PyTorch's ``b = fma(1 - dampening, g, b mu)`` (no
+momentum: ``b`` kept, the step is ``g``; ``1 - dampening`` is 1 on a variable's first step,
+where torch's buffer starts as ``g``), ``p = fma(-lr, step, p)`` with the Nesterov step
+``fma(mu, b, g)``;
 3 optax's trace ``t = fma(mu, t, g)``, ``p + (-lr) step`` with the Nesterov step
 ``fma(mu, t, g)``. ``F_NESTEROV``, ``F_MOMENTUM`` (momentum != 0, PyTorch only).
 
@@ -21,7 +23,7 @@ from numba.extending import register_jitable
 from refopt.rules.ops import add, fma, mul, sub
 
 F_FORM, F_NESTEROV, F_MOMENTUM = range(3)
-S_LR, S_MU, S_NEG_LR = range(3)
+S_LR, S_MU, S_NEG_LR, S_UNDAMPED = range(4)
 
 
 @register_jitable
@@ -45,7 +47,7 @@ def sgd_element(p, g, m, sc, fl, tail):
     if form == 2:
         step = g
         if fl[F_MOMENTUM] != 0:
-            m = add(mul(m, mu), g)
+            m = fma(sc[S_UNDAMPED], g, mul(m, mu))  # add_(g, alpha=1 - dampening): one FMA
             step = fma(mu, m, g) if nesterov else m
         return fma(sc[S_NEG_LR], step, p), m
     m = fma(mu, m, g)
@@ -79,8 +81,9 @@ SGD_TABLE = Rule("sgd_table", sgd_table_element, ("m",))
 _FORMS = {"keras": 0, "tf1": 1, "torch": 2, "optax": 3}
 
 
-def sgd_call(dtype, conv, *, learning_rate, momentum, nesterov):
-    """The :class:`~refopt.rules.RuleCall` of one SGD step for ``dtype`` under ``conv``."""
+def sgd_call(dtype, conv, *, learning_rate, momentum, nesterov, dampening=0.0, step=None):
+    """The :class:`~refopt.rules.RuleCall` of one SGD step for ``dtype`` under ``conv``
+    (``dampening``: PyTorch's, not applied at ``step`` 1)."""
     from refopt.reference._common import lr_cast, scalar, tf_cast
 
     dtype = np.dtype(dtype)
@@ -90,7 +93,8 @@ def sgd_call(dtype, conv, *, learning_rate, momentum, nesterov):
     else:
         lr, mu = scalar(dtype, learning_rate), scalar(dtype, momentum)
     neg_lr = scalar(dtype, -float(learning_rate))
-    return RuleCall(SGD, scalars(dtype, [lr, mu, neg_lr]),
+    undamped = scalar(dtype, 1.0 if step == 1 else 1.0 - float(dampening))
+    return RuleCall(SGD, scalars(dtype, [lr, mu, neg_lr, undamped]),
                     flags([form, nesterov, momentum != 0]))
 
 

@@ -132,7 +132,7 @@ def ulp_distance(actual, desired):
 
     Parameters
     ----------
-    actual, desired : ndarray of float16, float32 or float64
+    actual, desired : ndarray of float16, float32 or float64 (or ml_dtypes.bfloat16)
         Same shape and dtype.
 
     Returns
@@ -160,7 +160,7 @@ def ulp_distance(actual, desired):
     """
     a, d = np.asarray(actual), np.asarray(desired)
     for name, x in (("actual", a), ("desired", d)):
-        if x.dtype not in (np.float16, np.float32, np.float64):
+        if x.dtype not in (np.float16, np.float32, np.float64) and x.dtype.name != "bfloat16":
             raise TypeError(f"`{name}` must be a float16/32/64 array. Received: dtype={x.dtype}")
     if a.dtype != d.dtype:
         raise TypeError(f"The dtypes differ. Received: actual {a.dtype}, desired {d.dtype}")

@@ -54,7 +54,11 @@ from refopt.kernels.cpu.radam import radam_update
 from refopt.reference.lion import LionResult, lion_initial_state
 from refopt.reference.radam import RAdamResult, radam_initial_state
 from refopt.kernels.cpu.rmsprop import rmsprop_update
-from refopt.kernels.cpu.sgd import sgd_update
+from refopt.kernels.cpu.sgd import (
+    sgd_sparse_scatter_update,
+    sgd_sparse_torch_update,
+    sgd_update,
+)
 from refopt.kernels.cpu.weight_decay import apply_weight_decay
 from refopt.reference.adagrad import AdagradResult, adagrad_initial_state, initial_accumulator
 from refopt.reference.adam import AdamResult, adam_scalars
@@ -125,5 +129,7 @@ __all__ = [
     "radam_update",
     "rmsprop_initial_state",
     "rmsprop_update",
+    "sgd_sparse_scatter_update",
+    "sgd_sparse_torch_update",
     "sgd_update",
 ]

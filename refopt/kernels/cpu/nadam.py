@@ -18,11 +18,11 @@ _FAST = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def nadam_update(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, step,
-                 convention=None, momentum_decay=None, product_dtype=None):
+                 convention=None, momentum_decay=None, product_dtype=None, eps_root=None):
     """As :func:`refopt.reference.nadam_update`, bit-identical in float32 and float64."""
     kw = dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
               step=step, convention=convention, momentum_decay=momentum_decay,
-              product_dtype=product_dtype)
+              product_dtype=product_dtype, eps_root=eps_root)
     if not (isinstance(param, np.ndarray) and param.dtype in _FAST):
         return _ref.nadam_update(param, grad, m, v, **kw)
     from refopt.kernels.cpu.drivers import apply

@@ -100,7 +100,11 @@ from refopt.kernels.cuda.radam import radam_update
 from refopt.reference.lion import LionResult, lion_initial_state
 from refopt.reference.radam import RAdamResult, radam_initial_state
 from refopt.kernels.cuda.rmsprop import rmsprop_update
-from refopt.kernels.cuda.sgd import sgd_update
+from refopt.kernels.cuda.sgd import (
+    sgd_sparse_scatter_update,
+    sgd_sparse_torch_update,
+    sgd_update,
+)
 from refopt.kernels.cuda.weight_decay import apply_weight_decay
 from refopt.reference.adagrad import AdagradResult, adagrad_initial_state, initial_accumulator
 from refopt.reference.adam import AdamResult, adam_scalars
@@ -189,6 +193,8 @@ __all__ = [
     "sgd_dense",
     "sgd_multi",
     "sgd_sparse",
+    "sgd_sparse_scatter_update",
+    "sgd_sparse_torch_update",
     "sgd_update",
     "simulator",
     "sumsq",

@@ -12,11 +12,12 @@ __all__ = ["nadam_update"]
 
 
 def nadam_update(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, step,
-                 convention=None, momentum_decay=None, product_dtype=None):
+                 convention=None, momentum_decay=None, product_dtype=None, eps_root=None):
     """As :func:`refopt.reference.nadam_update`, bit for bit, computed on the device."""
     from refopt.kernels.cuda.drivers import apply
     from refopt.rules.nadam import pure_update
 
     return pure_update(apply, param, grad, m, v, learning_rate=learning_rate, beta_1=beta_1,
                        beta_2=beta_2, epsilon=epsilon, step=step, convention=convention,
-                       momentum_decay=momentum_decay, product_dtype=product_dtype)
+                       momentum_decay=momentum_decay, product_dtype=product_dtype,
+                       eps_root=eps_root)

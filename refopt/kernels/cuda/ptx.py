@@ -328,9 +328,10 @@ def rule_variants(dtype=np.float32, rmsprop=False):
         base = dict(convention=name, use_ema=ema)
         add(f"{name} Adam", refopt.Adam(**base))
         add(f"{name} AMSGrad", refopt.Adam(amsgrad=True, **base))
-        if conv.adamw_weight_decay != "none":
-            add(f"{name} AdamW", refopt.AdamW(**base))
-            add(f"{name} AdamW AMSGrad", refopt.AdamW(amsgrad=True, **base))
+        if conv.adamw_weight_decay != "none":  # TF-Addons' (keras2) has no default decay
+            wd = dict(base, weight_decay=conv.default_adamw_weight_decay)
+            add(f"{name} AdamW", refopt.AdamW(**wd))
+            add(f"{name} AdamW AMSGrad", refopt.AdamW(amsgrad=True, **wd))
         if conv.adam_weight_decay != "none":
             add(f"{name} Adam wd", refopt.Adam(weight_decay=0.01, **base))
         add(f"{name} LazyAdam rows", refopt.LazyAdam(convention=name), rows=True)

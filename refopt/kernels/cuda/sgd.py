@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from refopt.reference.sgd import SGDResult
 
-__all__ = ["SGDResult", "sgd_update"]
+__all__ = ["SGDResult", "sgd_sparse_scatter_update", "sgd_sparse_torch_update", "sgd_update"]
 
 
 def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
@@ -45,3 +45,28 @@ def sgd_update(param, grad, m, *, learning_rate, momentum, nesterov=False):
 
     return pure_update(apply, apply_sparse, param, grad, m, learning_rate=learning_rate,
                        momentum=momentum, nesterov=nesterov)
+
+
+def sgd_sparse_torch_update(param, grad, *, learning_rate):
+    """torch's ``SGD`` on a sparse gradient, each occurrence in turn: the host step.
+
+    Same function, signature and errors as
+    :func:`refopt.reference.sgd_sparse_torch_update` (see there for the rule). Its order of
+    occurrences is serial, so ``backend="cuda"`` optimizers take the host step for it (a
+    ``HostStepWarning``); this mirror computes it on the host too: host arrays in, a new host
+    array out, bit-identical to the reference.
+    """
+    from refopt.reference.sgd import sgd_sparse_torch_update as host
+
+    return host(param, grad, learning_rate=learning_rate)
+
+
+def sgd_sparse_scatter_update(param, grad, *, learning_rate):
+    """Keras 3's and Keras 2's plain SGD on a sparse gradient, each occurrence in turn: as
+    :func:`refopt.reference.sgd_sparse_scatter_update`, bit for bit (the same function and
+    checks). The host step (a ``HostStepWarning`` for ``backend="cuda"``
+    optimizers): host arrays in, a new host array out.
+    """
+    from refopt.reference.sgd import sgd_sparse_scatter_update as host
+
+    return host(param, grad, learning_rate=learning_rate)
