@@ -172,17 +172,8 @@ def sgd_sparse_torch_update(param, grad, *, learning_rate):
     neg_lr = scalar(out.dtype, -float(learning_rate))
     idx = np.asarray(grad.indices, np.int64)
     vals = np.asarray(grad.values)
-    order = np.argsort(idx, kind="stable")
-    srows = idx[order]
-    new_run = np.concatenate(([True], srows[1:] != srows[:-1]))
-    run_start = np.maximum.accumulate(np.where(new_run, np.arange(n), 0))
-    rank = np.empty(n, np.int64)
-    rank[order] = np.arange(n) - run_start  # the occurrence's number within its row
-    by_rank = np.argsort(rank, kind="stable")
-    bounds = np.concatenate(([0], np.cumsum(np.bincount(rank))))
     with np.errstate(all="ignore"):
-        for j in range(bounds.shape[0] - 1):  # level j: the j-th occurrence of each row
-            sel = by_rank[bounds[j]:bounds[j + 1]]
+        for sel in _occurrence_levels(idx):
             rows = idx[sel]  # distinct rows
             if out.ndim == 1:
                 out[rows] = out[rows] + neg_lr * vals[sel]
@@ -245,6 +236,18 @@ def sgd_sparse_scatter_update(param, grad, *, learning_rate):
     lr = lr_cast(out.dtype, learning_rate)
     idx = np.asarray(grad.indices, np.int64)
     vals = np.asarray(grad.values)
+    with np.errstate(all="ignore"):
+        for sel in _occurrence_levels(idx):
+            rows = idx[sel]  # distinct rows
+            out[rows] = out[rows] - (vals[sel] * lr).astype(out.dtype)
+    return out
+
+
+def _occurrence_levels(idx):
+    """Positions of the occurrences of ``idx``, level by level: level ``j`` holds the
+    ``j``-th occurrence of every row that has one (distinct rows, in order of appearance), so
+    applying the levels in turn applies each row's occurrences in their order."""
+    n = idx.shape[0]
     order = np.argsort(idx, kind="stable")
     srows = idx[order]
     new_run = np.concatenate(([True], srows[1:] != srows[:-1]))
@@ -253,12 +256,8 @@ def sgd_sparse_scatter_update(param, grad, *, learning_rate):
     rank[order] = np.arange(n) - run_start  # the occurrence's number within its row
     by_rank = np.argsort(rank, kind="stable")
     bounds = np.concatenate(([0], np.cumsum(np.bincount(rank))))
-    with np.errstate(all="ignore"):
-        for j in range(bounds.shape[0] - 1):  # level j: the j-th occurrence of each row
-            sel = by_rank[bounds[j]:bounds[j + 1]]
-            rows = idx[sel]  # distinct rows
-            out[rows] = out[rows] - (vals[sel] * lr).astype(out.dtype)
-    return out
+    for j in range(bounds.shape[0] - 1):
+        yield by_rank[bounds[j]:bounds[j + 1]]
 
 
 def _check_sparse_torch(param, grad, learning_rate):
