@@ -208,6 +208,8 @@ class MasterWeights:
 
     # ----------------------------------------------------------------- serialization
     def get_config(self):
+        """``{"optimizer": {"class_name", "config"}, "stochastic_rounding", "seed"}``: the
+        wrapped optimizer's config and this wrapper's options (no state)."""
         return {"optimizer": {"class_name": type(self.inner_optimizer).__name__,
                               "config": self.inner_optimizer.get_config()},
                 "stochastic_rounding": self.stochastic_rounding, "seed": self.seed}

@@ -602,6 +602,7 @@ class GradScaler:
         self._pending = {}  # id(optimizer) -> (optimizer, unscaled grads or None, found_inf)
 
     def is_enabled(self):
+        """bool: whether scaling is on (torch's ``enabled``)."""
         return self._enabled
 
     def get_scale(self):
@@ -609,12 +610,15 @@ class GradScaler:
         return self._scale if self._enabled else 1.0
 
     def get_growth_factor(self):
+        """float: the factor the scale grows by (torch's default 2.0)."""
         return self._growth_factor
 
     def get_backoff_factor(self):
+        """float: the factor the scale backs off by (torch's default 0.5)."""
         return self._backoff_factor
 
     def get_growth_interval(self):
+        """int: finite steps between growths (torch's default 2000)."""
         return self._growth_interval
 
     def scale(self, outputs):

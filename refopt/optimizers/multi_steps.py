@@ -167,6 +167,9 @@ class MultiSteps(_Wrapper):
         return self._acc
 
     def build(self, var_list):
+        """Build the inner optimizer for ``var_list`` and create the zero accumulators (one
+        per variable, its shape and the ``accumulator_dtype``); see
+        :meth:`refopt.Optimizer.build` for the arguments and errors."""
         self.inner_optimizer.build(var_list)
         self._accumulators()
 
