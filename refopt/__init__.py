@@ -37,6 +37,8 @@ from refopt.optimizers import (
 from refopt.optimizers.loss_scale import GradScaler as GradScaler
 from refopt.optimizers.loss_scale import LossScaleOptimizer as LossScaleOptimizer
 from refopt.optimizers.multi_steps import MultiSteps as MultiSteps
+from refopt.optimizers.averaging import SWA as SWA  # TF-Addons' (keras2)
+from refopt.optimizers.averaging import MovingAverage as MovingAverage
 from refopt.master_weights import MasterWeights  # float32 masters of float16/bfloat16
 from refopt.checkpoint import load_checkpoint, save_checkpoint
 from refopt import functional

@@ -32,7 +32,7 @@ KNOB_VALUES = {
     "epsilon_placement": ("hat", "corrected"),
     "bias_correction": ("pow", "accumulator", "float64", "float32"),
     "one_minus_beta": ("float64", "dtype"),
-    "moment_update": ("keras", "ema", "torch_fma", "optax_fma"),
+    "moment_update": ("keras", "ema", "torch_fma", "torch_loop", "optax_fma"),
     "amsgrad_maximum": ("raw", "corrected"),
     "learning_rate_cast": ("float32", "float64", "dtype"),
     "epsilon_cast": ("dtype", "float32"),
@@ -40,7 +40,7 @@ KNOB_VALUES = {
     "lazy_update": ("dense_rows", "ema_rows", "torch_sparse"),
     "adam_weight_decay": ("decoupled", "l2", "none"),
     "adamw_weight_decay": ("decoupled", "torch", "optax", "tfa", "none"),
-    "sgd_momentum": ("keras", "tf1", "torch", "optax"),
+    "sgd_momentum": ("keras", "tf1", "torch", "torch_fused", "optax"),
     "clip_selection": ("tf_keras", "one_only", "legacy"),
     "clip_formula": ("tf", "torch", "optax"),
     "ema": ("copy", "keras3", "torch", "none"),
@@ -63,6 +63,8 @@ KNOB_VALUES = {
     "rowwise_adagrad_form": ("fbgemm", "none"),
     "low_precision_compute": ("dtype", "float32", "torch_fused"),
     "maximize": ("negate", "none"),
+    "sqrt": ("ieee", "mkl", "torch_fused"),
+    "optax_jit": ("update", "eager", "step"),
 }
 
 
@@ -91,10 +93,14 @@ class Convention:
         ``"float64"``: ``dtype(1 - b)`` with the difference in float64 (tf-keras 2.11+,
         Keras 3, PyTorch, optax); ``"dtype"``: ``1 - dtype(b)`` in the variable dtype (TF1's
         and Keras 2's fused kernels).
-    moment_update : {"keras", "ema", "torch_fma", "optax_fma"}
+    moment_update : {"keras", "ema", "torch_fma", "torch_loop", "optax_fma"}
         ``"keras"``: ``m + (g - m)*(1-b)``; ``"ema"``: ``b*m + (1-b)*g``; ``"torch_fma"``:
-        PyTorch's fused CPU kernel (``lerp`` as one FMA, ``v = fma((1-b2)*g, g, v*b2)``);
-        ``"optax_fma"``: optax under ``jit`` on XLA:CPU (``fma(1-b, g, b*m)``).
+        PyTorch's fused CPU kernel (``lerp`` as one FMA, ``v = fma((1-b2)*g, g, v*b2)``, its
+        scalar tail of ``numel mod 8`` float32 / ``mod 4`` float64 elements contracted as
+        ``fma(v, b2, ((1-b2)*g)*g)``); ``"torch_loop"``: PyTorch's default single-tensor path
+        (``exp_avg.lerp_`` one FMA, ``exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2)`` =
+        ``fma((1-b2)*g, g, v*b2)`` on every element); ``"optax_fma"``: optax under ``jit``
+        on XLA:CPU (``fma(1-b, g, b*m)``).
     amsgrad_maximum : {"raw", "corrected"}
         Maximum of the raw second moment (TF/Keras, PyTorch) or of the bias-corrected one
         (optax's ``amsgrad``).
@@ -125,10 +131,15 @@ class Convention:
         The legacy ``decay=`` keyword: Keras 2's ``lr / (1 + decay*iterations)`` in the
         variable dtype; Keras 3's warning (ignored); or refused (tf-keras 2.11+ raises,
         ``tf.compat.v1.train``, PyTorch and optax have no such argument).
-    sgd_momentum : {"keras", "tf1", "torch", "optax"}
+    sgd_momentum : {"keras", "tf1", "torch", "torch_fused", "optax"}
         SGD's momentum buffer: Keras' velocity ``m = m*mu - g*lr; w += m``; TF1's
         ``a = a*mu + g; w -= a*lr``; PyTorch's ``b = b*mu + g`` (first step ``b = g``),
-        ``w -= lr*b``; optax's trace ``t = g + mu*t``, ``w += -lr*t``.
+        ``w -= lr*b``; optax's trace ``t = g + mu*t``, ``w += -lr*t``. ``"torch"`` is
+        the for-loop's ``b = fma(1 - dampening, g, b*mu)``; ``"torch_fused"`` is
+        ``SGD(fused=True)``'s CPU kernel (``FusedSGDKernel.cpp``), the same except on its
+        scalar tail, the last ``numel % (32 / itemsize)`` elements of each float32/float64
+        tensor (AVX2: 8 float32, 4 float64), where GCC contracts the buffer the other way
+        round: ``b = fma(b, mu, g*(1 - dampening))``.
     clip_selection : {"tf_keras", "one_only", "legacy"}
         tf-keras: ``clipnorm`` > 0, else ``global_clipnorm`` > 0, else ``clipvalue`` > 0;
         ``one_only``: at most one may be set (Keras 3, and one explicit clip call in PyTorch
@@ -181,19 +192,50 @@ radam_form, asgd_form, rprop_form : str
         kernels). ``"float32"``: the variable, its gradient and its slots loaded into float32,
         the weight decay and update computed as for a float32 variable, the new variable and
         slots each rounded once to the variable's dtype (to nearest even): PyTorch's fused CPU
-        kernels (``opmath_t``; ``SGD(fused=True)``). ``"torch_fused"`` (the torch and fbgemm
-        presets): ``"float32"`` for the optimizers refopt takes from a PyTorch fused kernel
+        kernels (``opmath_t``; ``SGD(fused=True)``). ``"torch_fused"`` (the torch_fused
+        preset): ``"float32"`` for the optimizers refopt takes from a PyTorch fused kernel
         (``Adam``, ``AdamW``), ``"dtype"`` for the others (PyTorch's for-loop paths, which
-        round after each torch op: not exact). bfloat16 is accepted where the step is
+        round after each torch op: not exact). The torch and fbgemm presets (the for-loop
+        path) take ``"dtype"``. bfloat16 is accepted where the step is
         computed in float32. See :mod:`refopt.precision`.
     maximize : {"negate", "none"}
         ``maximize=True`` of every optimizer: PyTorch's ``g <- -g`` at the start of the step,
         before the L2 term (``"negate"``, the torch and fbgemm presets), or refused
         (``"none"``: the TensorFlow and optax optimizers have no such option).
+    optax_jit : {"update", "eager", "step"}
+        What is under ``jax.jit`` when an optax form runs (read by the optax forms only;
+        XLA:CPU rounds differently in each). ``"update"`` (the ``"optax"`` preset):
+        ``jax.jit(tx.update)``, ``optax.apply_updates`` eager: XLA contracts the moments'
+        ``(1-b)*g + b*m`` into one FMA and folds the bias corrections into one denominator.
+        ``"eager"`` (``"optax_eager"``): nothing jitted, every ``jnp`` operation rounds
+        separately (no FMA, optax's order of operations as written). ``"step"``
+        (``"optax_jit_step"``): one ``jax.jit`` over ``tx.update`` and
+        ``optax.apply_updates`` (how most train steps are written): as ``"update"``, and XLA
+        also fuses the final ``w + u`` into the update (see ``conformance/README.md``,
+        "optax's three jit modes", for which optimizers differ and by how much).
+    sqrt : {"ieee", "mkl", "torch_fused"}
+        The elementwise square root of the update. ``"ieee"``: correctly rounded
+        (``np.sqrt``; TensorFlow, optax, PyTorch's fused kernels). ``"mkl"``: PyTorch's CPU
+        ``torch.sqrt`` on float32/float64 tensors, which calls MKL's vector
+        ``vmsSqrt``/``vmdSqrt`` (not correctly rounded: 1 ulp on about 16% of float32 and 1%
+        of float64 values), reproduced by calling the same function (:mod:`refopt._mkl`,
+        through torch's ``libtorch_cpu`` or the ``mkl`` wheel): torch's default for-loop
+        optimizers. ``"torch_fused"``: ``"ieee"`` in the optimizers refopt takes from a
+        PyTorch fused kernel (``Adam``, ``AdamW``, ``Adagrad`` on dense gradients:
+        ``FusedAdagradKernel.cpp`` takes the hardware root), ``"mkl"`` in the others (their
+        for-loop path; Adagrad's sparse rows, which torch's fused kernel refuses). float16 and bfloat16 take ``"ieee"``. Without torch and without the ``mkl``
+        wheel, ``"mkl"`` falls back to the correctly rounded root with a ``RuntimeWarning``
+        naming this knob (once per process; about 1 ulp per step off on some elements).
+        ``backend="cpu"`` and ``"cuda"`` compute a step that takes MKL's root on the host
+        (the staged step; cuda with a ``HostStepWarning``): the same numbers. Honoured by
+        ``Adam``, ``AdamW`` and ``LazyAdam`` (``SparseAdam``); refopt's other torch
+        optimizers compute a correctly rounded root whatever this knob says.
     keras3_sparse_square : bool
-        Reproduce a Keras 3 (TF backend) bug: for an IndexedSlices gradient ``v`` gets the
-        sum of the squared duplicate slices instead of the square of their sum. Off in every
-        preset.
+        Keras 3 (TF backend) on an IndexedSlices gradient with repeated rows: ``v`` (and
+        the other squared slots) gets the sum of the squared duplicate slices instead of the
+        square of their sum (Keras 3 squares the raw slices before scattering them). On in
+        ``"keras3"`` (faithful: recorded from Keras 3.15); off elsewhere. ``backend="cpu"``
+        and ``"cuda"`` compute such a step on the host (the staged step): the same numbers.
     sgd_sparse_scatter : bool
         Plain SGD (no momentum) on an IndexedSlices gradient applies each occurrence in turn,
         ``w[r] -= round(g*lr)`` (Keras 3's ``scatter_sub``, Keras 2's ``ResourceScatterAdd``,
@@ -242,6 +284,8 @@ radam_form, asgd_form, rprop_form : str
     low_precision_compute: str = "dtype"
     legacy_decay: str = "none"
     maximize: str = "none"
+    optax_jit: str = "update"
+    sqrt: str = "ieee"
 
     def __post_init__(self):
         for knob, allowed in KNOB_VALUES.items():
@@ -328,6 +372,7 @@ PRESETS = {
         ema="keras3",
         legacy_decay="keras3",
         sgd_sparse_scatter=True,
+        keras3_sparse_square=True,
     ),
     "keras2": _TF_KERAS.replace(
         name="keras2",
@@ -380,12 +425,12 @@ PRESETS = {
     ),
     "torch": Convention(
         name="torch",
-        framework="PyTorch torch.optim (Adam/AdamW fused CPU kernel, SparseAdam, SGD, RMSprop, "
-        "Adagrad), clip_grad_norm_, AveragedModel",
+        framework="PyTorch torch.optim, default CPU path (the single-tensor for-loop: no "
+        "fused, no foreach; MKL's sqrt), clip_grad_norm_, AveragedModel",
         epsilon_placement="corrected",
         bias_correction="float64",
         one_minus_beta="float64",
-        moment_update="torch_fma",
+        moment_update="torch_loop",
         amsgrad_maximum="raw",
         learning_rate_cast="float64",
         epsilon_cast="dtype",
@@ -412,13 +457,14 @@ PRESETS = {
         radam_form="torch",
         asgd_form="torch",
         rprop_form="torch",
-        low_precision_compute="torch_fused",
+        low_precision_compute="dtype",
         maximize="negate",
+        sqrt="mkl",
     ),
     "optax": Convention(
         name="optax",
         framework="optax (adam, amsgrad, adamw, sgd, rmsprop, adagrad, clip_by_global_norm) "
-        "under jax.jit",
+        "with jax.jit(tx.update) and an eager apply_updates",
         epsilon_placement="corrected",
         bias_correction="float32",
         one_minus_beta="float64",
@@ -450,10 +496,34 @@ PRESETS = {
         radam_form="optax",
     ),
 }
+#: PyTorch with ``fused=True`` (CPU): Adam/AdamW's fused kernel (its FMA contractions and
+#: scalar tail, the correctly rounded sqrt, float16 computed in float32); SGD's fused kernel
+#: (its scalar tail: ``sgd_momentum="torch_fused"``) and Adagrad's (the for-loop's formulas
+#: with the correctly rounded sqrt, dense gradients); the optimizers torch has no fused
+#: kernel for follow their for-loop path there, as in ``"torch"``.
+PRESETS["torch_fused"] = PRESETS["torch"].replace(
+    name="torch_fused",
+    framework="PyTorch torch.optim with fused=True on CPU (Adam/AdamW/SGD/Adagrad fused "
+    "kernels; the others as their for-loop path), clip_grad_norm_, AveragedModel",
+    moment_update="torch_fma",
+    sgd_momentum="torch_fused",
+    low_precision_compute="torch_fused",
+    sqrt="torch_fused",
+)
 #: FBGEMM's table-batched embeddings (``fbgemm_gpu``, as TorchRec's fused embeddings use
 #: them): ``RowWiseAdagrad`` is FBGEMM's ``EXACT_ROWWISE_ADAGRAD``; every other knob is
 #: PyTorch's (FBGEMM runs inside PyTorch: the dense parameters next to the tables take
 #: ``torch.optim``), except the optimizers PyTorch has and FBGEMM's tables do not take.
+#: optax with nothing under ``jax.jit`` (every ``jnp`` operation rounded on its own) and with
+#: the whole train step (``update`` and ``apply_updates``) under one ``jax.jit``; ``"optax"``
+#: itself is ``jax.jit(tx.update)`` with an eager ``apply_updates`` (``Convention.optax_jit``).
+PRESETS["optax_eager"] = PRESETS["optax"].replace(
+    name="optax_eager", optax_jit="eager",
+    framework="optax (as \"optax\") run eagerly: nothing under jax.jit")
+PRESETS["optax_jit_step"] = PRESETS["optax"].replace(
+    name="optax_jit_step", optax_jit="step",
+    framework="optax (as \"optax\") with the whole step, update and apply_updates, under one "
+    "jax.jit")
 PRESETS["fbgemm"] = PRESETS["torch"].replace(
     name="fbgemm",
     framework="FBGEMM table-batched embeddings (fbgemm_gpu EXACT_ROWWISE_ADAGRAD, CPU kernel; "
@@ -476,7 +546,8 @@ def get_convention(convention="tf_keras", **knobs):
     ----------
     convention : str or Convention, default "tf_keras"
         One of ``PRESETS`` (``"tf_keras"``, ``"keras3"``, ``"keras2"``, ``"tf1"``,
-        ``"torch"``, ``"optax"``) or a :class:`Convention`.
+        ``"torch"``, ``"torch_fused"``, ``"optax"``, ``"optax_eager"``, ``"optax_jit_step"``,
+        ``"fbgemm"``) or a :class:`Convention`.
     **knobs
         Knobs to override, e.g. ``amsgrad_maximum="corrected"``.
 

@@ -16,16 +16,19 @@ the convention knob ``low_precision_compute`` (:class:`refopt.conventions.Conven
     variable's dtype (``clip_grad_norm_`` scales the stored gradients, ``AveragedModel``
     writes its averages).
 ``"torch_fused"``
-    The torch and fbgemm presets: ``"float32"`` for ``Adam`` and ``AdamW`` (refopt's torch
-    Adam is ``torch.optim.Adam(fused=True)``), ``"dtype"`` for every other optimizer
+    The torch_fused preset: ``"float32"`` for ``Adam`` and ``AdamW`` (there refopt's Adam
+    is ``torch.optim.Adam(fused=True)``), ``"dtype"`` for every other optimizer
     (refopt's torch forms are torch's for-loop paths, whose ops each round to float16:
     ``"dtype"`` is closest but not exact, see ``conformance/README.md``). ``SGD(fused=True)``
     is ``"float32"``.
 
 The rule is implemented once, around the optimizer's update, in the staged step
 (:func:`refopt.executors.staged.compute`), which every backend runs for low-precision
-variables (``backend="cpu"`` through its staged path, ``backend="cuda"`` on the host for
-float16 computed in float32; ``"cuda"`` refuses bfloat16): no optimizer has code of its own
+variables (``backend="cuda"`` on the host for float16 computed in float32; ``"cuda"`` refuses
+bfloat16), except that ``backend="cpu"`` runs the float32 compute of dense steps without
+clipping or EMA on its fused kernels (generic over the rules: the variable and slots as
+uint16 bits, loaded into float32 and each stored value rounded once, with the bits of
+:func:`round_to`; :mod:`refopt.kernels.cpu.halfbits`): no optimizer has code of its own
 for it, and the numbers are the same on every backend. bfloat16 is accepted only where the
 step is computed in float32 (:func:`check_supported`); :class:`refopt.MasterWeights` takes it
 under any convention (float32 masters).

@@ -10,7 +10,8 @@ Two ways to name an optimizer:
   :class:`SparseAdam`, :class:`RMSprop`, :class:`Adagrad`, :class:`Adadelta`,
   :class:`Adamax`, :class:`NAdam`, :class:`RAdam`, :class:`ASGD`, :class:`Rprop` take
   torch's keywords (``lr``, ``betas``, ``eps``, ``weight_decay``, ``alpha``, ...), with
-  ``convention="torch"`` by default, plus ``convention=`` and ``backend=``; they map to the
+  ``convention="torch"`` by default (torch.optim's default CPU path; ``fused=True`` selects
+  ``"torch_fused"``), plus ``convention=`` and ``backend=``; they map to the
   refopt class and keywords of :data:`TORCH_NAMES` (``betas -> beta_1, beta_2``,
   ``eps -> epsilon``, RMSprop's ``alpha -> rho``, ``SparseAdam -> LazyAdam``,
   ``NAdam -> Nadam``; ``weight_decay=0`` means none). Any other refopt keyword of the class
@@ -686,8 +687,9 @@ TORCH_NAMES = {
 }
 
 # torch's implementation switches: accepted, without effect on refopt's numbers (which are the
-# convention's); those that change what is computed are refused unless at their default.
-_IGNORED_SWITCHES = ("foreach", "fused")
+# convention's; ``fused`` chooses the default convention, "torch" or "torch_fused"); those
+# that change what is computed are refused unless at their default.
+_IGNORED_SWITCHES = ("foreach",)
 _REFUSED_SWITCHES = {"capturable": False, "differentiable": False,
                      "decoupled_weight_decay": False}
 
@@ -709,7 +711,7 @@ _GROUP_CHECKS = {"SGD": (_check_sgd_group,)}
 def _torch_named(torch_name):
     refopt_name, default_lr, positional, rename, zero_is_none = TORCH_NAMES[torch_name]
 
-    def __init__(self, params, lr=default_lr, *args, convention="torch", backend=None,
+    def __init__(self, params, lr=default_lr, *args, convention=None, backend=None,
                  maximize=False, **kwargs):
         if len(args) > len(positional):
             raise TypeError(f"{torch_name}() takes at most {len(positional) + 2} positional "
@@ -720,6 +722,9 @@ def _torch_named(torch_name):
             kwargs[name] = value
         for name in _IGNORED_SWITCHES:
             kwargs.pop(name, None)
+        fused = kwargs.pop("fused", None)
+        if convention is None:  # torch.optim's default path, or its fused=True kernels
+            convention = "torch_fused" if fused else "torch"
         for name, default in _REFUSED_SWITCHES.items():
             if name in kwargs and name not in positional:
                 value = kwargs.pop(name)
@@ -746,13 +751,16 @@ def _torch_named(torch_name):
     {keys}
         torch's hyperparameters, by keyword or position (renamed for refopt: {renames}).
         Left out: the convention's default (under ``"torch"``, torch's).
-    convention : str, default "torch"
-        Whose numbers (``"torch"``, ``"tf_keras"``, ``"keras3"``, ``"optax"``, ...).
+    convention : str, optional
+        Whose numbers (``"torch"``, ``"torch_fused"``, ``"tf_keras"``, ``"keras3"``,
+        ``"optax"``, ...). Default: ``"torch"`` (torch.optim's default CPU path, the
+        for-loop), or ``"torch_fused"`` with ``fused=True``.
     backend : {{"reference", "cpu", "cuda"}}, optional
     maximize : bool, default False
     **kwargs
-        Any other keyword of :class:`refopt.{refopt_name}` (refopt's name), and torch's
-        ``foreach``/``fused`` (ignored: the numbers are the convention's).
+        Any other keyword of :class:`refopt.{refopt_name}` (refopt's name), torch's
+        ``fused`` (only chooses the default convention) and ``foreach`` (ignored: the
+        numbers are the convention's).
 
     See :class:`RefoptOptimizer` for groups, schedulers, state and errors.
     """

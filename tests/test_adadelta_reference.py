@@ -186,9 +186,10 @@ def test_tf_keras_sparse_branch_decays_every_row():
     assert not np.array_equal(r.param[[0, 2]], w[[0, 2]])
 
 
-def test_keras3_sparse_is_the_dense_step_on_the_summed_gradient():
+def test_keras3_sparse_without_its_square_knob_is_the_dense_step_on_the_summed_gradient():
     w, g, eg, ex = _table()
-    kw = dict(learning_rate=1.0, rho=0.9, epsilon=1e-6, convention="keras3")
+    kw = dict(learning_rate=1.0, rho=0.9, epsilon=1e-6,
+              convention=get_convention("keras3", keras3_sparse_square=False))
     r = adadelta_update(w, g, eg, ex, **kw)
     d = adadelta_update(w, g.to_dense(), eg, ex, **kw)
     for a, b in zip(r, d):
@@ -210,6 +211,10 @@ def test_keras3_sparse_square_knob_is_what_keras3_printed():
     assert np.array_equal(r.param[[0, 2]], w[[0, 2]])
     r = adadelta_update(w, g, eg, ex, learning_rate=0.1, rho=0.95, epsilon=1e-7)
     assert r.param[1].tolist() == [0.999858558177948, 0.999858558177948]
+    # the "keras3" preset is Keras 3's (the knob on)
+    r = adadelta_update(w, g, eg, ex, learning_rate=0.1, rho=0.95, epsilon=1e-7,
+                        convention="keras3")
+    assert r.param[1].tolist() == [0.999821126461029, 0.9998102784156799]
 
 
 @pytest.mark.parametrize("form", ["torch", "optax"])

@@ -179,15 +179,17 @@ def test_lazy_forms_move_only_the_present_rows(form):
         assert np.array_equal(r.param[1], dense.param[0])
 
 
-def test_keras3_sparse_is_the_dense_step_and_its_knob_the_per_occurrence_one():
+def test_keras3_sparse_is_per_occurrence_and_without_its_knob_the_dense_step():
     w, acc = np.ones((3, 2), F32), np.full((3, 2), 0.1, F32)
     kw = dict(learning_rate=0.1, epsilon=1e-7)
-    r = adagrad_update(w, _DUP, acc, convention="keras3", **kw)
-    d = adagrad_update(w, _DUP.to_dense(), acc, convention="keras3", **kw)
+    summed = get_convention("keras3", keras3_sparse_square=False)
+    r = adagrad_update(w, _DUP, acc, convention=summed, **kw)
+    d = adagrad_update(w, _DUP.to_dense(), acc, convention=summed, **kw)
     assert np.array_equal(r.param, d.param) and np.array_equal(r.accumulator, d.accumulator)
     # Keras 3's TF backend on the raw duplicates (semantics notes section 14): the squares
-    # are scatter-added one occurrence at a time, a + 1 + 9 and a + 4 + 16, not (1 + 3)**2
-    conv = get_convention("keras3", keras3_sparse_square=True)
+    # are scatter-added one occurrence at a time, a + 1 + 9 and a + 4 + 16, not (1 + 3)**2;
+    # the "keras3" preset does that
+    conv = "keras3"
     k = adagrad_update(w, _DUP, acc, convention=conv, **kw)
     assert np.array_equal(k.accumulator[1], [(F32(0.1) + 1) + 9, (F32(0.1) + 4) + 16])
     den = np.sqrt(k.accumulator[1] + F32(1e-7))

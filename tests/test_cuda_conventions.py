@@ -19,6 +19,7 @@ import pytest
 import refopt
 from refopt import IndexedSlices
 from refopt import reference as R
+from refopt.conventions import get_convention
 
 kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
 pytestmark = pytest.mark.skipif(not kc.simulator and not kc.cuda.is_available(),
@@ -28,9 +29,17 @@ from refopt.kernels.cuda import drivers  # noqa: E402
 from refopt.executors import cuda as _cuda  # noqa: E402
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
-CONVENTIONS = ("tf_keras", "keras3", "keras2", "tf1", "torch", "optax")
-HAS_EMA = ("tf_keras", "keras3", "torch")
-HAS_ADAMW = ("tf_keras", "keras3", "torch", "optax")
+# "torch_fused": the rule drivers' torch forms ("torch", the for-loop, takes MKL's sqrt in
+# Adam: the host step, tests/test_torch_loop.py)
+CONVENTIONS = ("tf_keras", "keras3", "keras2", "tf1", "torch_fused", "optax")
+HAS_EMA = ("tf_keras", "keras3", "torch_fused")
+HAS_ADAMW = ("tf_keras", "keras3", "torch_fused", "optax")
+
+
+def _rules(conv):
+    """torch_fused's for-loop optimizers (SparseAdam, RMSprop) with IEEE's root: MKL's is the
+    host step (tests/test_torch_loop.py); the rule drivers' torch forms otherwise."""
+    return get_convention(conv, sqrt="ieee") if conv == "torch_fused" else conv
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +108,7 @@ def _cases(conv):
              ("LazyAdam", refopt.LazyAdam, {})]
     if conv in HAS_ADAMW:
         cases.append(("AdamW", refopt.AdamW, dict(weight_decay=0.05)))
-    if conv == "torch":
+    if conv == "torch_fused":
         cases.append(("SGD-plain", refopt.SGD, {}))
     return cases
 
@@ -119,7 +128,9 @@ def test_every_convention_matches_the_reference_bit_for_bit(conv, name, cls, kw)
                 ((F64, F64, F64), dict(global_clipnorm=0.7)),
                 ((F32, F64, F32), dict(clipvalue=0.3, **ema))]
     for dtypes, extra in variants:
-        dev = run_both(cls, dict(learning_rate=0.01, convention=conv, **kw, **extra),
+        if sparse and conv == "keras3":  # Keras 3's raw duplicate slices are the host's
+            conv = get_convention(conv, keras3_sparse_square=False)
+        dev = run_both(cls, dict(learning_rate=0.01, convention=_rules(conv), **kw, **extra),
                        dtypes=dtypes, sparse_at=sparse, skip_at=2)
         assert dev._state.fallbacks == {}, dev._state.fallbacks  # all on the rule drivers
 
@@ -133,11 +144,11 @@ def test_float16_under_every_convention(conv):
         # PyTorch computes float16 in float32 and rounds once (low_precision_compute=
         # "float32", refopt.precision): the host step, the reference's numbers
         want = ({"float16 computed in float32 (refopt.precision)": 2}
-                if conv == "torch" and cls is refopt.Adam else {})
+                if conv == "torch_fused" and cls is refopt.Adam else {})
         assert dev._state.fallbacks == want
 
 
-@pytest.mark.parametrize("conv", ["tf_keras", "keras3", "torch"])
+@pytest.mark.parametrize("conv", ["tf_keras", "keras3", "torch_fused"])
 def test_weight_decay_forms_with_exclusions(conv):
     # Keras' decoupled decay, PyTorch's L2 term (fma into the gradient) and AdamW's factor;
     # an excluded variable in the same launch.
@@ -161,7 +172,7 @@ def test_optax_adamw_with_exclusions_splits_the_rule_calls():
 def test_torch_ema_lerp_branches_and_every_variable_averaged(mu):
     # AveragedModel: the first update copies, then lerp as one FMA with |w| < 0.5 (mu 0.99)
     # or >= 0.5 (mu 0.2); every built variable is averaged, with or without a gradient.
-    run_both(refopt.Adam, dict(learning_rate=0.01, convention="torch", use_ema=True,
+    run_both(refopt.Adam, dict(learning_rate=0.01, convention="torch_fused", use_ema=True,
                                ema_momentum=mu), dtypes=(F32, F64, F32), skip_at=0, steps=4)
 
 
@@ -190,7 +201,7 @@ def test_torch_per_variable_steps_take_one_launch_per_step_value(monkeypatch):
     wrap_rule_kernels(monkeypatch, count)
     rng = np.random.default_rng(3)
     ws = [kc.to_device(rng.standard_normal(4).astype(np.float32)) for _ in range(2)]
-    opt = refopt.Adam(0.01, convention="torch", backend="cuda")
+    opt = refopt.Adam(0.01, convention="torch_fused", backend="cuda")
     opt.build(ws)
     opt.apply_gradients([(kc.to_device(np.ones(4, np.float32)), ws[0])])
     assert launches == ["dense"]
@@ -202,12 +213,15 @@ def test_torch_per_variable_steps_take_one_launch_per_step_value(monkeypatch):
 @pytest.mark.parametrize("conv,cls,kw,host", [
     ("tf_keras", refopt.Adam, dict(amsgrad=True, weight_decay=0.1, use_ema=True), False),
     ("tf_keras", refopt.SGD, dict(momentum=0.9, nesterov=True, weight_decay=0.1), False),
-    ("keras3", refopt.Adam, dict(use_ema=True), False),       # densified
+    ("keras3", refopt.Adam, dict(use_ema=True), True),        # raw duplicate slices: host
+    (get_convention("keras3", keras3_sparse_square=False), refopt.Adam, dict(use_ema=True),
+     False),                                                  # densified
     ("keras3", refopt.SGD, dict(momentum=0.9), False),        # tf-keras' whole-table SGD
     ("tf1", refopt.SGD, dict(momentum=0.9, nesterov=True), False),  # lazy rows
     ("torch", refopt.SGD, dict(momentum=0.9), False),         # densified
     ("optax", refopt.SGD, dict(momentum=0.9, nesterov=True), False),
-    ("torch", refopt.LazyAdam, dict(weight_decay=None), False),  # SparseAdam rows
+    # SparseAdam rows (with IEEE's sqrt: MKL's is the host step)
+    (get_convention("torch", sqrt="ieee"), refopt.LazyAdam, dict(weight_decay=None), False),
     ("tf1", refopt.Adam, dict(amsgrad=True), True),           # TF1's scatter: host path
     ("keras2", refopt.Adam, {}, True),                        # Keras 2's scatter: host path
 ], ids=lambda v: getattr(v, "__name__", None) if isinstance(v, type) else None)
@@ -256,7 +270,7 @@ def test_a_rule_less_subclass_takes_the_host_path():
 def test_rmsprop_runs_on_the_rule_drivers(conv):
     # TF1's velocity starts at one on the device too (the optimizer's slot initial value).
     for kw in (dict(), dict(centered=True, momentum=0.9)):
-        dev = run_both(refopt.RMSprop, dict(learning_rate=0.01, convention=conv, **kw),
+        dev = run_both(refopt.RMSprop, dict(learning_rate=0.01, convention=_rules(conv), **kw),
                        dtypes=(F32, F64, F32), steps=2)
         assert dev._state.fallbacks == {}
 
@@ -334,7 +348,7 @@ def test_recorded_framework_trajectories_replay_on_cuda(case):
     assert got.passed == want.passed and got.max_ulp == want.max_ulp, got.detail
 
 
-@pytest.mark.parametrize("conv", ["tf_keras", "torch"])
+@pytest.mark.parametrize("conv", ["tf_keras", "torch_fused"])
 def test_a_users_optimizer_with_a_rule_runs_on_the_drivers(conv):
     # The public extension point (tests/test_extension.py): slots starting at 0.1, a NumPy
     # update_step and a rule; sparse gradients are densified as the base class does.

@@ -7,7 +7,7 @@ import pytest
 import refopt
 from refopt import conformance
 from refopt.cli import main
-from refopt.conventions import PRESETS
+from refopt.conventions import PRESETS, get_convention
 from refopt.testing.explain import (
     SLIPS,
     Recording,
@@ -110,7 +110,9 @@ class StatefulNaiveAdam:
 
 def own_convention_matches(result, entry):
     """The case's own convention (with its knobs) is among the simplest matching settings."""
-    knobs = entry.get("knobs") or {}
+    preset = get_convention(entry["convention"])
+    knobs = {k: v for k, v in (entry.get("knobs") or {}).items()  # the preset's own values
+             if getattr(preset, k) != v}                          # are the preset
     fewest = min((c.changes for c in result.candidates if c.matches), default=None)
     names = [d for c in result.candidates if c.matches and c.changes == fewest
              for d in (c.description,) + c.same_as]

@@ -152,6 +152,7 @@ def test_kernels_update_only_the_present_rows_on_the_summed_gradient(form):
 
 @pytest.mark.parametrize("form", ["tf_keras", "keras3"])
 def test_keras_densifies_so_rows_without_gradient_become_zero(form):
+    form = get_convention(form, keras3_sparse_square=False)  # the summed duplicates
     w, g, acc, lin = _table()
     r = F.ftrl_update(w, g, acc, lin, learning_rate=0.1, convention=form)
     assert not F.is_lazy_sparse(form)
@@ -167,8 +168,11 @@ def test_keras3_unsummed_duplicates_square_each_occurrence():
     conv = get_convention("keras3", keras3_sparse_square=True)
     r = F.ftrl_update(w, g, acc, lin, learning_rate=0.1, convention=conv)
     assert r.accumulator[2, 0] == np.float32(0.1) + np.float32(2)  # 1 + 1, not (1 + 1)**2
-    summed = F.ftrl_update(w, g, acc, lin, learning_rate=0.1, convention="keras3")
+    summed = F.ftrl_update(w, g, acc, lin, learning_rate=0.1,
+                           convention=get_convention("keras3", keras3_sparse_square=False))
     assert r.linear[0, 0] == summed.linear[0, 0]  # a row without duplicates is the same
+    preset = F.ftrl_update(w, g, acc, lin, learning_rate=0.1, convention="keras3")
+    assert preset.accumulator[2, 0] == r.accumulator[2, 0]  # the preset is Keras 3's
 
 
 def test_one_element_rows_take_the_scalar_loop():

@@ -41,8 +41,10 @@ def test_info_lists_every_preset_and_where_each_optimizer_exists(capsys):
     # facts of the frameworks: RAdam, ASGD and Rprop are torch's; Lamb Keras 3's and optax's;
     # TF1 has no AdamW, Keras 2's AdamW and SGDW are TF-Addons' (issue 12 item 9); Ftrl is
     # TensorFlow's only
-    assert info["optimizers"]["ASGD"] == {"conventions": ["torch"], "default": "torch"}
-    assert info["optimizers"]["Lamb"]["conventions"] == ["keras3", "optax"]
+    assert info["optimizers"]["ASGD"] == {"conventions": ["torch", "torch_fused"],
+                                          "default": "torch"}
+    assert info["optimizers"]["Lamb"]["conventions"] == ["keras3", "optax", "optax_eager",
+                                                         "optax_jit_step"]
     assert "keras2" in info["optimizers"]["AdamW"]["conventions"]
     assert info["optimizers"]["SGDW"] == {"conventions": ["keras2"], "default": "keras2"}
     assert "tf1" not in info["optimizers"]["AdamW"]["conventions"]

@@ -133,7 +133,10 @@ def test_keras3_raw_duplicates_scale_each_occurrence():
     w, m = np.zeros((1, 1), F32), np.zeros((1, 1), F32)
     c2 = F32(1) - F32(0.99)
     raw = lion_update(w, g, m, learning_rate=0.1, convention=conv)
-    summed = lion_update(w, g, m, learning_rate=0.1, convention="keras3")
+    summed = lion_update(w, g, m, learning_rate=0.1,
+                         convention=get_convention("keras3", keras3_sparse_square=False))
+    preset = lion_update(w, g, m, learning_rate=0.1, convention="keras3")
+    assert preset.m[0, 0] == raw.m[0, 0]  # the preset is Keras 3's
     assert raw.m[0, 0] == (F32(0) + vals[0, 0] * c2) + vals[1, 0] * c2
     assert summed.m[0, 0] == (vals[0, 0] + vals[1, 0]) * c2
     assert raw.m[0, 0] != summed.m[0, 0]

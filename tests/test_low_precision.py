@@ -41,7 +41,7 @@ def bits(a):
 def two_steps(dtype, backend="reference", **knobs):
     w = np.array([1.0, -0.5, 0.25], np.float32).astype(dtype)
     opt = refopt.Adam(learning_rate=0.01, backend=backend,
-                      convention=get_convention("torch", **knobs))
+                      convention=get_convention("torch_fused", **knobs))
     for g in GRADS:
         opt.apply_gradients([(np.array(g, np.float32).astype(dtype), w)])
     return w, opt.get_slot(w, "m"), opt.get_slot(w, "v")
@@ -49,19 +49,21 @@ def two_steps(dtype, backend="reference", **knobs):
 
 def test_the_knob_and_its_presets():
     assert KNOB_VALUES["low_precision_compute"] == ("dtype", "float32", "torch_fused")
-    want = {"torch": "torch_fused", "fbgemm": "torch_fused"}
+    want = {"torch_fused": "torch_fused"}  # "torch" (the for-loop) rounds in the dtype
     for name, conv in PRESETS.items():
         assert conv.low_precision_compute == want.get(name, "dtype"), name
     conv = get_convention("tf_keras", low_precision_compute="float32")
     assert compute_dtype(conv, F16) == np.float32 and compute_dtype(conv, BF16) == np.float32
     assert compute_dtype(conv, np.float32) is None and compute_dtype(conv, np.float64) is None
     assert compute_dtype(PRESETS["keras3"], F16) is None
-    # torch: Adam/AdamW are torch's fused kernels (float32); the others its for-loop paths
-    torch = PRESETS["torch"]
+    # torch_fused: Adam/AdamW are torch's fused kernels (float32); the others its for-loop
+    # paths; torch (the for-loop everywhere): the dtype
     for opt, want32 in ((refopt.Adam(), True), (refopt.AdamW(), True),
                         (refopt.LazyAdam(convention="torch"), False), (refopt.SGD(), False),
                         (refopt.RMSprop(), False)):
-        assert (compute_dtype(torch, F16, opt) is not None) == want32, type(opt).__name__
+        assert (compute_dtype(PRESETS["torch_fused"], F16, opt) is not None) == want32, \
+            type(opt).__name__
+        assert compute_dtype(PRESETS["torch"], F16, opt) is None
     with pytest.raises(ValueError, match=r"low_precision_compute.*'float64'"):
         get_convention("torch", low_precision_compute="float64")
 
@@ -149,7 +151,7 @@ def test_torch_for_loop_optimizers_compute_float16_in_float16():
 
 def test_bfloat16_errors_change_nothing():
     w = np.array([1.0, 2.0], BF16)
-    opt = refopt.Adam(learning_rate=0.1, convention="torch")
+    opt = refopt.Adam(learning_rate=0.1, convention="torch_fused")
     opt.apply_gradients([(np.ones(2, BF16), w)])
     state = {n: bits(opt.get_slot(w, n)).copy() for n in opt.slot_names}
     before = bits(w).copy()
@@ -163,7 +165,7 @@ def test_bfloat16_checkpoint_round_trip(tmp_path):
     rng = np.random.default_rng(1)
     w = [rng.standard_normal(5).astype(BF16), rng.standard_normal((2, 3)).astype(np.float32)]
     gs = [[rng.standard_normal(a.shape).astype(a.dtype) for a in w] for _ in range(4)]
-    opt = refopt.AdamW(learning_rate=0.01, convention="torch", amsgrad=True)
+    opt = refopt.AdamW(learning_rate=0.01, convention="torch_fused", amsgrad=True)
     for g in gs[:2]:
         opt.apply_gradients(zip(g, w))
     path = os.path.join(tmp_path, "c.npz")

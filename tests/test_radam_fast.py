@@ -19,11 +19,17 @@ from test_properties import cuda_or_skip as _cuda
 
 import refopt
 from refopt import reference as ref
+from refopt.conventions import get_convention
 from refopt.executors import staged as _staged
 from refopt.kernels import cpu
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 CONVENTIONS = ("torch", "optax")
+
+
+def _rules(conv):
+    """torch's for-loop form with IEEE's root (MKL's is the host step: test_torch_loop.py)."""
+    return get_convention(conv, sqrt="ieee") if conv == "torch" else conv
 
 
 def _assert_results(actual, expected, what):
@@ -58,7 +64,7 @@ def _run(conv, backend, kw):
     rng = np.random.default_rng(0)
     variables = [rng.standard_normal((10, 4)).astype(F32), rng.standard_normal(13).astype(F64)]
     lr = dict(learning_rate=0.05)
-    opt = refopt.RAdam(convention=conv, backend=backend, **lr, **kw)
+    opt = refopt.RAdam(convention=_rules(conv), backend=backend, **lr, **kw)
     for t in range(8):  # rectified from step 6 on
         grads = [rng.standard_normal((10, 4)).astype(F32), rng.standard_normal(13).astype(F64)]
         if t == 2 and conv == "torch":
@@ -115,8 +121,8 @@ def test_cuda_optimizer_runs_on_the_rule_drivers(conv, monkeypatch):
     for kw in extra:
         rng = np.random.default_rng(0)
         init = [rng.standard_normal(s).astype(d) for s, d in zip(shapes, dtypes)]
-        host = refopt.RAdam(learning_rate=0.1, convention=conv, **kw)
-        dev = refopt.RAdam(learning_rate=0.1, convention=conv, backend="cuda", **kw)
+        host = refopt.RAdam(learning_rate=0.1, convention=_rules(conv), **kw)
+        dev = refopt.RAdam(learning_rate=0.1, convention=_rules(conv), backend="cuda", **kw)
         hv, dv = [x.copy() for x in init], [kc.to_device(x) for x in init]
         for t in range(3):  # beta_2 = 0.9: rho_inf = 19, rectified from step 2
             hg = [rng.standard_normal(s).astype(d) for s, d in zip(shapes, dtypes)]

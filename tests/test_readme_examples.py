@@ -72,6 +72,29 @@ def test_keras_and_tfa_example(tmp_path, monkeypatch):
     assert out[2] == "0.09779754"                                # Keras
 
 
+def test_tfa_averaging_example(tmp_path, monkeypatch):
+    out = _run(_block("refopt.MovingAverage("), tmp_path, monkeypatch).split("\n")
+    assert out[0] == "[0.9438999891281128, 2.0561001300811768]"  # TF-Addons 0.23
+    assert out[1] == "[0.7878680229187012, 2.212131977081299]"   # TF-Addons 0.23
+
+
+def test_optax_jit_modes_example(tmp_path, monkeypatch):
+    code = "\n".join(line[2:] for line in _block('for conv in ("optax_eager"').split("\n"))
+    out = _run(code, tmp_path, monkeypatch).split("\n")
+    assert [line.split()[1] for line in out[:3]] == [  # optax 0.2.8, in each jit mode
+        "0x1.3755c00000000p-6", "0x1.3755c80000000p-6", "0x1.3755ca0000000p-6"]
+
+
+def test_torch_adapter_example(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    out = _run(_block("def train(model, opt, steps=200)"), tmp_path, monkeypatch).split("\n")
+    loop = "w[0,:3]=[0.5225340723991394, 0.15435117483139038, -0.9214924573898315]"
+    fused = "w[0,:3]=[0.5225344896316528, 0.1543513536453247, -0.9214925765991211]"
+    assert out[1].startswith("torch ") and out[1].endswith(loop)
+    assert out[2].startswith("torch_fused") and out[2].endswith(fused)
+    assert out[3].startswith("torch.optim") and out[3].endswith(loop)  # torch.optim.Adam()
+
+
 def test_low_precision_example(tmp_path, monkeypatch):
     pytest.importorskip("ml_dtypes")
     code = _block("refopt.MasterWeights(") + "\nprint(w.tolist(), b.tolist())\n"

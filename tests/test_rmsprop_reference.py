@@ -180,7 +180,9 @@ _APPENDIX = [
     ("keras2", 0.9, 1e-7, 0.0, False, None, [0.73417592, -2.00686908, 0.223773628], 0),
     ("optax", 0.9, 1e-8, 0.0, False, None, [0.734175801, -2.00686908, 0.223773509], 1),
     ("tf1", 0.9, 1e-10, 0.0, False, None, [0.973760903, -2.0286665, 0.440493524], 0),
-    ("torch", 0.99, 1e-8, 0.0, False, None, [0.160026133, -2.00709748, -0.39184162], 2),
+    # torch: the note's print is 4 ulp from torch 2.13 here (MKL's sqrt, which refopt now
+    # calls: torch's own value is held in tests/test_torch_loop.py)
+    ("torch", 0.99, 1e-8, 0.0, False, None, [0.160026133, -2.00709748, -0.39184162], 4),
     ("optax", 0.99, 1e-8, 0.0, False, False, [0.160026178, -2.00709748, -0.39184159], 0),
     ("keras3", 0.9, 1e-7, 0.9, True, None, [0.243281186, -1.68440604, -0.456745684], 0),
     ("keras2", 0.9, 1e-7, 0.9, True, None, [0.24328132, -1.68440604, -0.456745535], 0),

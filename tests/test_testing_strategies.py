@@ -20,7 +20,8 @@ RMSPROP_KEYS = {"learning_rate", "rho", "momentum", "epsilon", "centered"}
 ADAGRAD_KEYS = {"learning_rate", "initial_accumulator_value", "epsilon"}
 ADAMAX_KEYS = {"learning_rate", "beta_1", "beta_2", "epsilon"}
 OPTION_KEYS = {"weight_decay", "clipnorm", "global_clipnorm", "clipvalue", "use_ema",
-               "ema_momentum", "ema_overwrite_frequency"}
+               "ema_momentum", "ema_overwrite_frequency",
+               "maximize", "dampening"}  # PyTorch's, drawn under its conventions
 
 
 @pytest.mark.parametrize("name", ["refopt.testing.strategies", "refopt.testing.conformance"])

@@ -98,20 +98,24 @@ def test_params_updated_in_place_without_copy():
 
 
 # --------------------------------------------------------------- torch's own numbers
+@pytest.mark.parametrize("fused", [False, True], ids=["default", "fused"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("kwargs", [{}, {"weight_decay": 0.1}, {"amsgrad": True}])
-def test_adam_torch_convention_equals_torch_fused_adam(dtype, kwargs):
-    # conformance: torch.optim.Adam(fused=True) is reproduced bit for bit (tolerance 0)
+def test_adam_equals_torch_adam_default_and_fused(dtype, kwargs, fused):
+    # conformance: torch.optim.Adam's default for-loop path ("torch") and fused=True
+    # ("torch_fused", chosen by the adapter's fused=True) are reproduced bit for bit
     model = make_model(dtype)
     twin = copy.deepcopy(model)
-    got = train(model, rt.Adam(model.parameters(), lr=1e-2, **kwargs), dtype=dtype)
-    want = train(twin, torch.optim.Adam(twin.parameters(), lr=1e-2, fused=True, **kwargs),
+    opt = rt.Adam(model.parameters(), lr=1e-2, fused=fused, **kwargs)
+    assert opt.refopt_optimizers[0].convention.name == ("torch_fused" if fused else "torch")
+    got = train(model, opt, dtype=dtype)
+    want = train(twin, torch.optim.Adam(twin.parameters(), lr=1e-2, fused=fused, **kwargs),
                  dtype=dtype)
     assert_same(got, want)
 
 
 @pytest.mark.parametrize("name, kwargs, torch_kwargs", [
-    ("AdamW", {"lr": 1e-2}, {"fused": True}),
+    ("AdamW", {"lr": 1e-2, "fused": True}, {}),
     ("SGD", {"lr": 0.05, "momentum": 0.9, "nesterov": True}, {}),
     ("Adamax", {"lr": 1e-2, "weight_decay": 0.1}, {}),
 ], ids=["AdamW", "SGD", "Adamax"])
@@ -128,8 +132,7 @@ def test_maximize_equals_torch():
     model = make_model()
     twin = copy.deepcopy(model)
     assert_same(train(model, rt.Adam(model.parameters(), lr=1e-2, maximize=True)),
-                train(twin, torch.optim.Adam(twin.parameters(), lr=1e-2, fused=True,
-                                             maximize=True)))
+                train(twin, torch.optim.Adam(twin.parameters(), lr=1e-2, maximize=True)))
 
 
 def test_default_lr_and_filled_groups():
@@ -154,7 +157,7 @@ def test_param_groups_with_their_own_hyperparameters():
     opt = rt.Adam(two_groups(model, (1e-2, 1e-1)))
     assert opt.refopt_optimizers[1].beta_1 == 0.8
     assert_same(train(model, opt),
-                train(twin, torch.optim.Adam(two_groups(twin, (1e-2, 1e-1)), fused=True)))
+                train(twin, torch.optim.Adam(two_groups(twin, (1e-2, 1e-1)))))
 
 
 def test_add_param_group_later():
@@ -162,7 +165,7 @@ def test_add_param_group_later():
     twin = copy.deepcopy(model)
     results = []
     for m, make in ((model, lambda ps: rt.Adam(ps, lr=1e-2)),
-                    (twin, lambda ps: torch.optim.Adam(ps, lr=1e-2, fused=True))):
+                    (twin, lambda ps: torch.optim.Adam(ps, lr=1e-2))):
         opt = make([m.weight])
         train(m, opt, steps=2)
         opt.add_param_group({"params": [m.bias], "lr": 0.05})
@@ -187,7 +190,7 @@ def test_lr_schedulers_drive_the_learning_rate(make_scheduler):
     twin = copy.deepcopy(model)
     opt = rt.Adam(model.parameters(), lr=0.05)
     got = train(model, opt, scheduler=make_scheduler(opt))
-    topt = torch.optim.Adam(twin.parameters(), lr=0.05, fused=True)
+    topt = torch.optim.Adam(twin.parameters(), lr=0.05)
     assert_same(got, train(twin, topt, scheduler=make_scheduler(topt)))
     assert opt.param_groups[0]["lr"] == topt.param_groups[0]["lr"]
 
@@ -231,7 +234,7 @@ def test_closure_is_called_once_and_its_loss_returned():
     assert all(isinstance(v, torch.Tensor) for v in losses)
     assert losses[-1] < losses[0]
     assert_same([p.detach() for p in model.parameters()],
-                train(twin, torch.optim.Adam(twin.parameters(), lr=1e-2, fused=True)))
+                train(twin, torch.optim.Adam(twin.parameters(), lr=1e-2)))
 
 
 def test_params_without_grad_are_skipped():
@@ -241,7 +244,7 @@ def test_params_without_grad_are_skipped():
     textra = torch.nn.Parameter(torch.ones(2))
     opt = rt.Adam([*model.parameters(), extra], lr=1e-2)
     got = train(model, opt)
-    want = train(twin, torch.optim.Adam([*twin.parameters(), textra], lr=1e-2, fused=True))
+    want = train(twin, torch.optim.Adam([*twin.parameters(), textra], lr=1e-2))
     assert_same(got, want)
     assert torch.equal(extra.detach(), torch.ones(2))
     assert opt.state[extra]["step"].item() == 0

@@ -24,9 +24,9 @@ Gradient kinds
 Tolerances (ulp per step, the replay resyncs to the recorded state before each step when > 0):
 0 = bit-identical over the whole trajectory. Norm-based clipping in the TF family gets 1 ulp
 (TF's Eigen sums in another order than NumPy; 128 ulp of ``m`` where a rescaled gradient
-cancels). torch's for-loop path and SparseAdam get 2 (their CPU sqrt is MKL's, not correctly
-rounded). torch's fused path and optax under jit are bit-identical (refopt reproduces their
-FMA contractions, see refopt/reference/variants.py).
+cancels). torch's for-loop path ("torch") and its fused=True kernels ("torch_fused") are
+bit-identical (refopt calls torch's own MKL sqrt for the for-loop, see refopt/_mkl.py), and so
+is optax under jit (refopt reproduces their FMA contractions, see refopt/reference/variants.py).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ K3 = "keras3"
 K2 = "keras2"
 TF1 = "tf1"
 TORCH = "torch"
+TORCH_FUSED = "torch_fused"  # torch.optim's fused=True kernels (issue 12 item 4)
 OPTAX = "optax"
 
 _ADAM = dict(learning_rate=0.01, beta_1=0.9, beta_2=0.999)
@@ -175,8 +176,7 @@ CASES = [
     _c("torch/adam_fused_f32", TORCH, "Adam", dict(_ADAM, epsilon=1e-8),
        api="torch.optim.Adam(fused=True)", variant=dict(fused=True)),
     _c("torch/adam_default_f32", TORCH, "Adam", dict(_ADAM, epsilon=1e-8),
-       api="torch.optim.Adam (for-loop)", tol=2,
-       why="2 ulp: the for-loop path takes MKL's sqrt, not correctly rounded"),
+       api="torch.optim.Adam (for-loop)"),
     _c("torch/adam_fused_f64_100", TORCH, "Adam", dict(_ADAM, epsilon=1e-8), dtype="float64",
        steps=100, api="torch.optim.Adam(fused=True)", variant=dict(fused=True)),
     _c("torch/amsgrad_fused_f32", TORCH, "Adam", dict(_ADAM, amsgrad=True),
@@ -189,8 +189,7 @@ CASES = [
     _c("torch/adam_none_grads_f32", TORCH, "Adam", dict(_ADAM), grads="dense_none",
        api="torch.optim.Adam(fused=True) (per-parameter step counts)", variant=dict(fused=True)),
     _c("torch/sparseadam_f32", TORCH, "LazyAdam", dict(_ADAM), shapes=_TABLE[:1],
-       grads="sparse", steps=30, api="torch.optim.SparseAdam", tol=2,
-       why="2 ulp: SparseAdam takes torch.sqrt, MKL's on CPU, not correctly rounded"),
+       grads="sparse", steps=30, api="torch.optim.SparseAdam"),
     _c("torch/sgd_momentum_f32", TORCH, "SGD", dict(learning_rate=0.01, momentum=0.9),
        api="torch.optim.SGD(momentum=0.9)"),
     _c("torch/sgd_nesterov_f64", TORCH, "SGD",
@@ -262,10 +261,7 @@ _RMS_TOL = {
     "tf_keras/rmsprop_momentum_f32": (8, f"8 ulp: {_RSQRT_TF}{_CANCEL}"),
     "tf_keras/rmsprop_centered_f32": (4, f"4 ulp: {_RSQRT_TF}{_CANCEL}"),
     "tf_keras/rmsprop_centered_momentum_f32": (16, f"16 ulp: {_RSQRT_TF}{_CANCEL}"),
-    "torch/rmsprop_f32": (4, f"4 ulp: {_SQRT_MKL}{_CANCEL}"),
-    "torch/rmsprop_momentum_f32": (8, f"8 ulp: {_SQRT_MKL}{_CANCEL}"),
-    "torch/rmsprop_centered_f32": (2, f"2 ulp: {_SQRT_MKL}{_CANCEL}"),
-    "torch/rmsprop_centered_momentum_f32": (32, f"32 ulp: {_SQRT_MKL}{_CANCEL}"),
+    # torch's for-loop: exact since its MKL sqrt is reproduced (convention knob sqrt="mkl")
     "optax/rmsprop_f32": (8, f"8 ulp: {_RSQRT_XLA}{_CANCEL}"),
     "optax/rmsprop_momentum_f32": (8, f"8 ulp: {_RSQRT_XLA}{_CANCEL}"),
     "optax/rmsprop_centered_f32": (1, f"1 ulp: {_RSQRT_XLA}"),
@@ -320,12 +316,7 @@ _AG_TOL = {
     "tf1/adagrad_iav_f32": (1, f"1 ulp (measured 1): {_RSQRT_TF1}"),
     "tf1/adagrad_lr1_f32": (64, f"64 ulp (measured 64): {_RSQRT_TF1}{_CANCEL}"),
     "tf1/adagrad_sparse_lr1_f32": (8, f"8 ulp (measured 8): {_RSQRT_TF1}{_CANCEL}"),
-    "torch/adagrad_iav_f32": (1, f"1 ulp (measured 1): {_SQRT_MKL}"),
-    "torch/adagrad_lr_decay_none_f32": (1, f"1 ulp (measured 1): {_SQRT_MKL}"),
-    "torch/adagrad_wide_f32": (2, f"2 ulp (measured 2): {_SQRT_MKL}{_CANCEL}"),
-    "torch/adagrad_sparse_wide_f32": (
-        16, "16 ulp (measured 10): the sparse branch's sqrt_ is MKL's, not correctly rounded "
-            f"(1 ulp off on some elements){_CANCEL}"),
+    # torch's for-loop (dense and sparse branch): exact with its MKL sqrt (knob sqrt="mkl")
     "optax/adagrad_f64": (1, "1 ulp (measured 1): XLA:CPU's float64 rsqrt under jit is not "
                              "correctly rounded (1 ulp off on some elements)"),
 }
@@ -570,10 +561,7 @@ _AD_TOL = {
     "tf1/adadelta_f64": (4, f"4 ulp (measured 4): {_AD_RSQRT_TF}"),
     "tf1/adadelta_opts_f32": (8, f"8 ulp (measured 5): {_AD_RSQRT_TF}"),
     "tf1/adadelta_sparse_f32": (4, f"4 ulp (measured 4): {_AD_RSQRT_TF}"),
-    "torch/adadelta_f32": (4, f"4 ulp (measured 4): {_AD_SQRT_MKL}"),
-    "torch/adadelta_f64": (4, f"4 ulp (measured 4): {_AD_SQRT_MKL}"),
-    "torch/adadelta_opts_f32": (4, f"4 ulp (measured 4): {_AD_SQRT_MKL}"),
-    "torch/adadelta_l2_f32": (4, f"4 ulp (measured 3): {_AD_SQRT_MKL}"),
+    # torch's for-loop: exact with its MKL sqrt (convention knob sqrt="mkl")
     "optax/adadelta_f32": (4, f"4 ulp (measured 4): {_AD_RSQRT_XLA}"),
     "optax/adadelta_f64": (4, f"4 ulp (measured 4): {_AD_RSQRT_XLA}"),
     "optax/adadelta_opts_f32": (4, f"4 ulp (measured 4): {_AD_RSQRT_XLA}"),
@@ -740,12 +728,7 @@ _NAD_API = {
 _NAD_SQRT = ("the for-loop path takes MKL's sqrt, not correctly rounded (1 ulp off on some "
              "elements)")
 _NAD_TOL = {
-    "torch/nadam_decoupled_f32": (1, f"1 ulp (measured 1): {_NAD_SQRT}"),
-    "torch/nadam_l2_f32": (1, f"1 ulp (measured 1): {_NAD_SQRT}"),
-    "torch/nadam_none_grads_f32": (1, f"1 ulp (measured 1): {_NAD_SQRT}"),
-    "torch/nadam_opts_f32": (2, f"2 ulp (measured 2): {_NAD_SQRT}"),
-    "torch/nadam_wide_f32": (128, f"128 ulp (measured 68): {_NAD_SQRT}, amplified where the "
-                                  "update cancels"),
+    # torch's for-loop: exact with its MKL sqrt (convention knob sqrt="mkl")
     "optax/nadam_1leaf_f32": (2, "2 ulp (measured 2): with a single leaf XLA multiplies by the "
                                  "reciprocals of the bias corrections instead of dividing (not "
                                  "reproduced; refopt follows the several-leaf program)"),
@@ -879,8 +862,6 @@ _RADAM_API = {TORCH: "torch.optim.RAdam (for-loop)", OPTAX: "optax.radam (jit)"}
 # rounded one; only the rectified steps take a root). The other torch cases happened to be
 # bit-identical.
 _RADAM_TOL = {
-    "torch/radam_f32": (2, f"2 ulp (measured 2): {_SQRT_MKL}"),
-    "torch/radam_opts_f32": (1, f"1 ulp (measured 1): {_SQRT_MKL}"),
 }
 
 
@@ -1481,6 +1462,162 @@ CASES += [
        _ms("SGD", dict(learning_rate=0.1), 3), steps=6, grads="dense_nonfinite",
        api="optax.MultiSteps(optax.sgd, 3): an inf gradient poisons the accumulator (jit)"),
 ]
+
+# ---- optax's three jit modes (issue 12 item 5): the same inputs and hyperparameters as the
+# "optax" case of that name (jax.jit(tx.update), eager apply_updates), recorded with nothing
+# under jax.jit ("optax_eager": Convention.optax_jit="eager") and with one jax.jit over the
+# whole step ``params = apply_updates(params, update(grads, state, params))`` ("optax_jit_step":
+# optax_jit="step"). gen_optax.py picks the mode from the case's convention.
+OPTAX_EAGER = "optax_eager"
+OPTAX_STEP = "optax_jit_step"
+OPTAX_MODES = {OPTAX: "update", OPTAX_EAGER: "eager", OPTAX_STEP: "step"}
+_MODE_API = {OPTAX_EAGER: "eager, nothing under jax.jit",
+             OPTAX_STEP: "jax.jit over update and apply_updates"}
+_MODE_BASES = ["adam_f32", "adam_f64", "amsgrad_f32", "adamw_f32", "adam_nesterov_f32",
+               "sgd_nesterov_f32", "clip_by_global_norm_nonfinite_f32", "rmsprop_f32",
+               "rmsprop_momentum_f32", "rmsprop_centered_f32", "adagrad_f32", "adadelta_f32",
+               "adamax_f32", "nadam_f32", "adafactor_f32", "lion_f32", "lamb_f32",
+               "radam_f32", "radam_f64"]
+# (tolerance in ulp per step, reason) of the mode cases refopt does not reproduce exactly
+# (measured with the replay's resync; the others are bit-identical). Lamb and Adafactor:
+# refopt computes every mode as "optax" (jit(update)); their bound is dominated by XLA's sums.
+_RSQRT_EAGER = ("XLA:CPU's rsqrt (eager too: lax.rsqrt is compiled alone) is not correctly "
+                "rounded (1 ulp off on some elements)")
+_MODE_NOT_MODELLED = ("; refopt computes this mode as \"optax\" (jit(update)): the mode's own "
+                      "roundings are within the bound")
+_OPTAX_MODE_TOL = {
+    "optax_eager/rmsprop_f32": (8, f"8 ulp (measured 8): {_RSQRT_EAGER}{_CANCEL}"),
+    "optax_eager/rmsprop_momentum_f32": (8, f"8 ulp (measured 8): {_RSQRT_EAGER}{_CANCEL}"),
+    "optax_eager/rmsprop_centered_f32": (1, f"1 ulp (measured 1): {_RSQRT_EAGER}"),
+    "optax_jit_step/rmsprop_f32": (8, f"8 ulp (measured 5): {_RSQRT_XLA}{_CANCEL}"),
+    "optax_jit_step/rmsprop_momentum_f32": (8, f"8 ulp (measured 8): {_RSQRT_XLA}{_CANCEL}"),
+    "optax_jit_step/rmsprop_centered_f32": (1, f"1 ulp (measured 1): {_RSQRT_XLA}"),
+    "optax_jit_step/adadelta_f32": (4, f"4 ulp (measured 4): {_AD_RSQRT_XLA}"),
+    "optax_eager/lamb_f32": (4, f"4 ulp (measured 4): {_XLA_SUM}{_CANCEL}{_MODE_NOT_MODELLED}"),
+    "optax_jit_step/lamb_f32": (8, f"8 ulp (measured 7): {_XLA_SUM}{_CANCEL}"
+                                   + _MODE_NOT_MODELLED),
+    "optax_eager/adafactor_f32": (65536, "65536 ulp (measured 65536, at one element where the "
+                                  + f"step cancels the weight): {_XLA_SUM}{_MODE_NOT_MODELLED}"),
+    "optax_jit_step/adafactor_f32": (65536, "65536 ulp (measured 49159, at one element where "
+                                     + f"the step cancels the weight): {_XLA_SUM}"
+                                     + _MODE_NOT_MODELLED),
+}
+
+
+def _optax_mode_cases():
+    by_id = {c["id"]: c for c in CASES}
+    out = []
+    for conv in (OPTAX_EAGER, OPTAX_STEP):
+        for base in _MODE_BASES:
+            c = dict(by_id[f"optax/{base}"])
+            cid = f"{conv}/{base}"
+            tol, why = _OPTAX_MODE_TOL.get(cid, (0, ""))
+            api = c["api"].replace(" (jit", f" ({_MODE_API[conv]}", 1)
+            if api == c["api"]:
+                api = f"{api} ({_MODE_API[conv]})"
+            c.update(id=cid, convention=conv, api=api, tolerance_ulp=tol,
+                     tolerance_reason=why)
+            out.append(c)
+    return out
+
+
+CASES += _optax_mode_cases()
+
+# ---- TF-Addons' MovingAverage and SWA (issue 12 item 9) around Keras 2 legacy optimizers: an
+# `average` slot per variable after each inner step. MovingAverage: a copy at build, then
+# avg -= (avg - w)*(1 - d), d float32 (dynamic_decay: min(mu, (1+s)/(10+s)); 0 before
+# start_step; num_updates: mu = min(mu, (1+n)/(10+n)) once). SWA: zeros, then at
+# t = start + n*period: (avg*f32(n) + w)/(f32(n) + 1) in float32 (TF refuses float64 there).
+def _avg(inner, config, **kw):
+    return dict(optimizer={"class_name": inner, "config": config}, **kw)
+
+
+_MA_SGD = {"learning_rate": 0.05, "momentum": 0.9}
+CASES += [
+    _c("keras2/moving_average_sgd_f32", K2, "MovingAverage",
+       _avg("SGD", _MA_SGD, average_decay=0.9), steps=12,
+       api="tfa.optimizers.MovingAverage(legacy.SGD(momentum=0.9), average_decay=0.9)"),
+    _c("keras2/moving_average_dynamic_adam_f32", K2, "MovingAverage",
+       _avg("Adam", dict(_ADAM), average_decay=0.99, dynamic_decay=True), steps=15,
+       api="tfa.optimizers.MovingAverage(legacy.Adam, dynamic_decay=True)"),
+    _c("keras2/moving_average_start_dynamic_adam_f64", K2, "MovingAverage",
+       _avg("Adam", dict(_ADAM), average_decay=0.95, start_step=3, dynamic_decay=True),
+       dtype="float64", steps=12,
+       api="tfa.optimizers.MovingAverage(legacy.Adam, average_decay=0.95, start_step=3, "
+           "dynamic_decay=True)"),
+    _c("keras2/moving_average_num_updates_sgd_f64", K2, "MovingAverage",
+       _avg("SGD", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}, average_decay=0.99,
+            num_updates=4, start_step=2), dtype="float64", steps=10,
+       api="tfa.optimizers.MovingAverage(legacy.SGD(nesterov), num_updates=4, start_step=2)"),
+    _c("keras2/moving_average_sparse_adam_f32", K2, "MovingAverage",
+       _avg("Adam", dict(_ADAM), average_decay=0.8), shapes=_TABLE, grads="sparse", steps=10,
+       api="tfa.optimizers.MovingAverage(legacy.Adam, average_decay=0.8), IndexedSlices"),
+    _c("keras2/swa_sgd_f32", K2, "SWA",
+       _avg("SGD", _MA_SGD, start_averaging=2, average_period=3), steps=14,
+       api="tfa.optimizers.SWA(legacy.SGD(momentum=0.9), start_averaging=2, average_period=3)"),
+    _c("keras2/swa_adam_f32", K2, "SWA",
+       _avg("Adam", dict(_ADAM), start_averaging=0, average_period=1), steps=12,
+       api="tfa.optimizers.SWA(legacy.Adam, start_averaging=0, average_period=1)"),
+    _c("keras2/swa_adam_sparse_f32", K2, "SWA",
+       _avg("Adam", dict(_ADAM), start_averaging=1, average_period=2), shapes=_TABLE,
+       grads="sparse", steps=10,
+       api="tfa.optimizers.SWA(legacy.Adam, start_averaging=1, average_period=2), IndexedSlices"),
+    # the wrapper's own clipping (TF-Addons' **kwargs; the inner optimizer's would be ignored)
+    _c("keras2/moving_average_clipvalue_sgd_f32", K2, "MovingAverage",
+       _avg("SGD", _MA_SGD, average_decay=0.9, clipvalue=0.5), steps=8,
+       api="tfa.optimizers.MovingAverage(legacy.SGD(momentum=0.9), clipvalue=0.5)"),
+    _c("keras2/swa_global_clipnorm_adam_f32", K2, "SWA",
+       _avg("Adam", dict(_ADAM), start_averaging=1, average_period=2, global_clipnorm=1.0),
+       steps=8, tol=1, why=NORM_WHY,
+       api="tfa.optimizers.SWA(legacy.Adam, start_averaging=1, average_period=2, "
+           "global_clipnorm=1.0)"),
+]
+
+# ---- torch's default path vs fused=True (issue 12 item 4): the cases recorded with
+# fused=True are convention "torch_fused"; "torch" is the default single-tensor for-loop
+# (MKL's sqrt, no fused tail). Shapes with a 221-element variable: whole AVX2 vectors and a
+# tail, and enough elements for MKL's sqrt to differ from IEEE's.
+_LOOP_SHAPES = [(5,), (4, 3), (13, 17)]
+CASES += [
+    _c(f"torch/{name}_default_{dt[0]}{dt[-2:]}", TORCH, opt, dict(hyper), dtype=dt,
+       shapes=_LOOP_SHAPES, api=f"{api} (default for-loop path)")
+    for name, opt, hyper, api in (
+        ("adam_wide", "Adam", dict(_ADAM, epsilon=1e-8), "torch.optim.Adam"),
+        ("amsgrad", "Adam", dict(_ADAM, amsgrad=True), "torch.optim.Adam(amsgrad=True)"),
+        ("adam_l2", "Adam", dict(_ADAM, weight_decay=0.1),
+         "torch.optim.Adam(weight_decay=0.1) (L2 coupling)"),
+        ("adamw", "AdamW", dict(_ADAM, weight_decay=0.1), "torch.optim.AdamW"))
+    for dt in ("float32", "float64")
+]
+# ---- torch's fused SGD and Adagrad (issue 12 item 4, rest): FusedSGDKernel.cpp and
+# FusedAdagradKernel.cpp on CPU, recorded with fused=True (convention "torch_fused"). A
+# 1003-element variable: whole AVX2 vectors and a scalar tail of 3 (float32: 8 lanes; float64:
+# 4); 5 elements: all tail in float32, 1 of 5 in float64; 6 elements (2, 3): a tail of 6 / 2.
+# Two SGD flag sets only (Nesterov or not, both with weight decay: few new kernel variants);
+# the tail's formula with and without dampening.
+_FUSEDK_SHAPES = [(1003,), (5,), (2, 3)]
+CASES += [
+    _c(f"torch/fusedk_{name}_{dt[0]}{dt[-2:]}", TORCH, opt, dict(hyper), dtype=dt,
+       shapes=_FUSEDK_SHAPES, steps=10, seed=61, api=api, variant=dict(fused=True))
+    for name, opt, hyper, api in (
+        ("sgd_nesterov_l2", "SGD",
+         dict(learning_rate=0.01, momentum=0.9, nesterov=True, weight_decay=0.1),
+         "torch.optim.SGD(momentum=0.9, nesterov=True, weight_decay=0.1, fused=True)"),
+        ("sgd_dampening_l2", "SGD",
+         dict(learning_rate=0.05, momentum=0.9, dampening=0.3, weight_decay=0.1),
+         "torch.optim.SGD(momentum=0.9, dampening=0.3, weight_decay=0.1, fused=True)"),
+        ("adagrad", "Adagrad", dict(learning_rate=0.1),
+         "torch.optim.Adagrad(lr=0.1, fused=True)"),
+        ("adagrad_decay_l2", "Adagrad",
+         dict(learning_rate=0.1, lr_decay=0.05, weight_decay=0.1,
+              initial_accumulator_value=0.1),
+         "torch.optim.Adagrad(lr=0.1, lr_decay=0.05, weight_decay=0.1, "
+         "initial_accumulator_value=0.1, fused=True)"))
+    for dt in ("float32", "float64")
+]
+for _case in CASES:
+    if _case["convention"] == TORCH and _case["variant"].get("fused"):
+        _case["convention"] = TORCH_FUSED
 
 _BY_ID = {c["id"]: c for c in CASES}
 assert len(_BY_ID) == len(CASES), "duplicate case ids"

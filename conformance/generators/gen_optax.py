@@ -4,10 +4,14 @@ Run from the repository root, in the environment of ``requirements-optax.txt``::
 
     python conformance/generators/gen_optax.py [--only SUBSTRING]
 
-For every case of ``cases.py`` whose convention is "optax" (and whose id contains SUBSTRING),
-the inputs of :func:`cases.make_inputs` are fed as a list pytree of jnp arrays; each step runs
-the transformation's ``update`` under ``jax.jit`` (updates and state) and then
-``optax.apply_updates`` outside jit, as a user would. Recorded state, under refopt's names:
+For every case of ``cases.py`` whose convention is "optax", "optax_eager" or "optax_jit_step"
+(and whose id contains SUBSTRING), the inputs of :func:`cases.make_inputs` are fed as a list
+pytree of jnp arrays. The convention (``cases.OPTAX_MODES``; a ``knobs["optax_jit"]`` overrides
+it) says what runs under ``jax.jit``: "optax" (mode ``update``) runs the transformation's
+``update`` under ``jax.jit`` and then ``optax.apply_updates`` outside jit; "optax_eager"
+(``eager``) runs both eagerly; "optax_jit_step" (``step``) jits the whole step
+``params = apply_updates(params, update(grads, state, params))`` (:func:`make_step`).
+Recorded state, under refopt's names:
 
 * ``optax.adam`` / ``adamw``: ``mu`` -> ``m``, ``nu`` -> ``v``
 * ``optax.amsgrad``:          ``mu`` -> ``m``, ``nu`` -> ``v``, ``nu_max`` -> ``vhat``
@@ -284,6 +288,30 @@ def record_slots(state, n, optimizer=None):
     return found
 
 
+def jit_mode(case):
+    """``"update"``, ``"eager"`` or ``"step"``: what the case runs under ``jax.jit``."""
+    return case.get("knobs", {}).get("optax_jit", cases.OPTAX_MODES[case["convention"]])
+
+
+def make_step(tx, mode):
+    """``step(grads, state, params) -> (params, state)`` with ``mode``'s part under jit."""
+    def whole(g, state, params):
+        updates, state = tx.update(g, state, params)
+        return optax.apply_updates(params, updates), state
+
+    if mode == "step":
+        return jax.jit(whole)
+    if mode == "eager":
+        return whole
+    update = jax.jit(tx.update)
+
+    def jit_update(g, state, params):
+        updates, state = update(g, state, params)
+        return optax.apply_updates(params, updates), state
+
+    return jit_update
+
+
 def run_case(case):
     dtype = np.dtype(case["dtype"])
     init, grads = cases.make_inputs(case)
@@ -292,7 +320,7 @@ def run_case(case):
         assert p.dtype == dtype, (case["id"], p.dtype)
     tx = build_transformation(case)
     state = tx.init(params)
-    update = jax.jit(tx.update)
+    step = make_step(tx, jit_mode(case))
 
     recorded_params = []
     slots = {}
@@ -305,8 +333,7 @@ def run_case(case):
         if any(g is None or isinstance(g, tuple) for g in row):
             raise ValueError(f"{case['id']}: optax takes dense gradients for every leaf only")
         g = [jnp.asarray(x) for x in row]
-        updates, state = update(g, state, params)
-        params = optax.apply_updates(params, updates)
+        params, state = step(g, state, params)
         recorded_params.append([np.array(p) for p in params])
         opt_name, inner_state = case["optimizer"], state
         if case["optimizer"] == "MultiSteps":  # the inner optimizer's state
@@ -334,7 +361,7 @@ def main(argv=None):
         n = record_schedule_values(cases.OPTAX_SCHEDULE_VALUES, path)
         print(f"recorded {n} optax schedules into {os.path.normpath(path)}")
         return 0
-    todo = [c for c in cases.cases_for({cases.OPTAX}) if args.only in c["id"]]
+    todo = [c for c in cases.cases_for(set(cases.OPTAX_MODES)) if args.only in c["id"]]
     if not todo:
         sys.exit(f"no optax case matches {args.only!r}")
     wide = [c for c in todo if c["dtype"] == "float64"]

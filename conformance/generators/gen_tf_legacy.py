@@ -100,11 +100,26 @@ def _tf_grad(tf, g, dtype, shape):
 
 
 def _inner_case(case):
-    """A LossScaleOptimizer case as the case of its inner optimizer; other cases as they are."""
+    """A LossScaleOptimizer (or TF-Addons MovingAverage/SWA) case as the case of its inner
+    optimizer; other cases as they are."""
+    if case["optimizer"] in _TFA_AVERAGING:
+        inner = case["hyperparameters"]["optimizer"]
+        return dict(case, optimizer=inner["class_name"], hyperparameters=inner["config"])
     if case["optimizer"] != "LossScaleOptimizer":
         return case
     inner = case["hyperparameters"]["inner_optimizer"]
     return dict(case, optimizer=inner["class_name"], hyperparameters=inner["config"])
+
+
+_TFA_AVERAGING = ("MovingAverage", "SWA")  # tfa.optimizers wrappers: slot "average"
+
+
+def _tfa_averaging(case, opt, tfa):
+    """The TF-Addons averaging wrapper of a MovingAverage/SWA case around ``opt`` (else None)."""
+    if case["optimizer"] not in _TFA_AVERAGING:
+        return None
+    hyper = {k: v for k, v in case["hyperparameters"].items() if k != "optimizer"}
+    return getattr(tfa.optimizers, case["optimizer"])(opt, **hyper)
 
 
 def run_keras2(case):
@@ -123,6 +138,7 @@ def run_keras2(case):
         lso = tf.keras.mixed_precision.LossScaleOptimizer(
             opt, initial_scale=hyper["initial_scale"],
             dynamic_growth_steps=hyper["dynamic_growth_steps"])
+    averaging = _tfa_averaging(case, opt, tfa)
     params, slots = [], {ref: [] for _, ref in names}
     state = {}  # optimizer state that is not a slot (Nadam's momentum_cache)
     for row in grads:
@@ -132,15 +148,20 @@ def run_keras2(case):
             state.setdefault("loss_scale", []).append(np.array(lso.loss_scale.numpy()))
             state.setdefault("counter", []).append(np.array(lso.dynamic_counter.numpy()))
             state.setdefault("iterations", []).append(np.array(opt.iterations.numpy()))
+        elif averaging is not None:  # the wrapper steps the inner optimizer, then averages
+            averaging.apply_gradients(list(zip(tg, variables)))
         else:
             opt.apply_gradients(list(zip(tg, variables)))
         params.append([np.array(v.numpy()) for v in variables])
         for fw, ref in names:
             slots[ref].append([np.array(opt.get_slot(v, fw).numpy()) for v in variables])
+        if averaging is not None:
+            slots.setdefault("average", []).append(
+                [np.array(averaging.get_slot(v, "average").numpy()) for v in variables])
         if case["optimizer"] == "Nadam":  # the shared weight "momentum_cache"
             state.setdefault("u_product", []).append(np.array(opt._m_cache.numpy()))
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__}
-    if case["optimizer"] in ("LazyAdam", "AdamW", "SGDW"):
+    if case["optimizer"] in ("LazyAdam", "AdamW", "SGDW") + _TFA_AVERAGING:
         versions["tensorflow_addons"] = tfa.__version__
     store.save_case(case, framework="tensorflow", versions=versions, init=init, grads=grads,
                     params=params, slots=slots, **({"state": state} if state else {}))

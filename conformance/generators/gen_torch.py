@@ -1,10 +1,11 @@
-"""Record the golden data of the PyTorch cases (convention "torch") with the real torch.optim.
+"""Record the golden data of the PyTorch cases (conventions "torch", "torch_fused") with torch.optim.
 
 Run from the repository root, in the environment of ``requirements-torch.txt``::
 
     python conformance/generators/gen_torch.py [--only SUBSTRING]
 
-For every case of ``cases.py`` whose convention is "torch" (and whose id contains SUBSTRING):
+For every case of ``cases.py`` whose convention is "torch" or "torch_fused" (``fused=True`` in its
+``variant``) and whose id contains SUBSTRING:
 the inputs of :func:`cases.make_inputs` are fed to the torch optimizer named by the case, one
 ``step()`` per recorded step, and the parameters and optimizer state after each step are written
 with :func:`store.save_case` under refopt's slot names:
@@ -364,7 +365,8 @@ def main(argv=None):
     if args.lr_sequences:
         return record_lr_sequences(args.only)
     warnings.filterwarnings("ignore", message="Sparse invariant checks")
-    todo = [c for c in cases.cases_for({cases.TORCH}) if args.only in c["id"]]
+    todo = [c for c in cases.cases_for({cases.TORCH, cases.TORCH_FUSED})
+            if args.only in c["id"]]
     if not todo:
         sys.exit(f"no torch case matches {args.only!r}")
     failed = []

@@ -23,10 +23,18 @@ the arithmetic. So:
   ``apply_gradients`` therefore changes nothing, as with the reference backend.
 
 Sparse gradients of lazy optimizers go to the rule's ``rows`` kernel (one call per sparse
-variable; cost proportional to the rows touched, no copy of the table). Everything else
-(float16 variables, non-lazy sparse gradients of ``Adam``/``SGD``, variables that overlap in
-memory) takes the staged step (:mod:`refopt.executors.staged`) with the CPU kernels' pure
-functions: the same numbers, computed into new arrays and committed at the end.
+variable; cost proportional to the rows touched, no copy of the table). float16 and bfloat16
+variables that the convention computes in float32 (``low_precision_compute="float32"``, and
+``"torch_fused"`` for ``Adam``/``AdamW``: :func:`refopt.precision.compute_dtype`) with dense
+gradients, no clipping and no EMA take the rule's low-precision ``dense`` kernel
+(:func:`refopt.kernels.cpu.drivers.kernels` with ``low=True``): their uint16 bits loaded
+exactly into float32, the float32 step and scalars, every stored tensor (variable and each
+slot) rounded once to nearest even (:mod:`refopt.kernels.cpu.halfbits`), as the staged step
+computes them. Everything else (float16/bfloat16 computed in their dtype, or with clipping
+or EMA, which the conventions compute in the dtype; non-lazy sparse gradients of
+``Adam``/``SGD``; variables that overlap in memory) takes the staged step
+(:mod:`refopt.executors.staged`) with the CPU kernels' pure functions: the same numbers,
+computed into new arrays and committed at the end.
 """
 
 from __future__ import annotations
@@ -44,13 +52,16 @@ from refopt.executors.reference import ReferenceExecutor
 from refopt.indexed_slices import IndexedSlices
 from refopt.kernels.cpu import _kernels as K
 from refopt.kernels.cpu import drivers
+from refopt.kernels.cpu import halfbits as _halfbits
 from refopt.kernels.cpu._common import deduplicate, launch, rows2d, stable_order
 from refopt.kernels.cpu.clipping import global_norm, sums_of_squares, torch_norms
+from refopt.reference import sqrt as _sqrt
 
 __all__ = ["CpuExecutor", "FlatState", "quick_pairs", "try_fast_step"]
 
 _FALLBACK = (np.dtype(np.float16),) + tuple(  # and bfloat16 (ml_dtypes): the staged step
-    d for d in _checks.FLOAT_DTYPES if d.kind == "V")
+    d for d in _checks.FLOAT_DTYPES if d.kind == "V")  # unless computed in float32
+_FLOAT32 = np.dtype(np.float32)
 
 
 class FlatState:
@@ -313,10 +324,11 @@ def try_fast_step(opt, positions, grads, lr_value):
     -------
     bool
         ``True`` if the step was applied (the caller moves the counters), ``False`` if it does
-        not qualify and nothing was touched (the caller takes the staged path): float16,
-        variables sharing memory, non-lazy sparse gradients, a rule-less optimizer, Keras 2's
-        several clips in sequence, norm clipping of torch/optax over mixed dtypes or sparse
-        gradients.
+        not qualify and nothing was touched (the caller takes the staged path): float16 or
+        bfloat16 computed in its dtype, or with clipping, EMA or a sparse gradient in the
+        step, variables sharing memory, non-lazy sparse gradients, a rule-less optimizer,
+        Keras 2's several clips in sequence, norm clipping of torch/optax over mixed dtypes
+        or sparse gradients.
 
     Raises
     ------
@@ -334,13 +346,21 @@ def try_fast_step(opt, positions, grads, lr_value):
         return False
     conv = opt.convention
     dtype_of = state.dtype_of
-    if any(dtype_of[i] in _FALLBACK for i in positions):
+    # float16/bfloat16 computed in float32 (low_precision_compute "float32", torch's fused
+    # Adam): the low kernels, dense gradients without clipping or EMA (computed in the
+    # variable's dtype, refopt.precision); computed in the dtype: the staged step
+    low = {dt: _FLOAT32 for dt in {dtype_of[i] for i in positions} if dt in _FALLBACK}
+    if low and (opt.use_ema or _plan.clip_kind(opt)[0] is not None or any(
+            _precision.compute_dtype(conv, dt, opt) is None for dt in low) or any(
+            type(g) is not np.ndarray for g in grads)):
         return False
     if opt.use_ema and opt.ema_momentum is None:  # torch's equal-weight average: staged
         return False
+    if _sqrt.optimizer_takes_mkl_sqrt(opt, grads):  # MKL's sqrt (torch's loop): staged, host
+        return False
     lazy = opt._is_lazy()
     sparse = [k for k, g in enumerate(grads) if type(g) is not np.ndarray]
-    if sparse and (not lazy or conv.keras3_sparse_square):
+    if sparse and (not lazy or (conv.keras3_sparse_square and opt._raw_slices_matter)):
         return False
     kind, _ = _plan.clip_kind(opt)
     if kind == "several":
@@ -421,12 +441,13 @@ def try_fast_step(opt, positions, grads, lr_value):
     calls = []  # (kernel, args, elements): prepared completely before the first one runs
     plans = {}
     for (dt, step), grp in groups.items():
-        pl = _plan.plan(opt, dt, lr_value, step, 0)
+        cdt = low.get(dt, dt)  # the compute dtype: float32 for float16/bfloat16
+        pl = _plan.plan(opt, cdt, lr_value, step, 0)
         if pl is None:
             return False
-        pl.psc[2] = cvs.get(dt, dt.type(0))  # steps.P_CLIP
+        pl.psc[2] = cvs.get(dt, cdt.type(0))  # steps.P_CLIP
         plans[(dt, step)] = pl
-        rc = opt._rule(dt, lr_value, step, optax_weight_decay=pl.optax_weight_decay)
+        rc = opt._rule(cdt, lr_value, step, optax_weight_decay=pl.optax_weight_decay)
         if rc is None or not _slots_match(opt, rc.rule):
             return False
         grp.rc, grp.plan = rc, pl
@@ -458,7 +479,7 @@ def try_fast_step(opt, positions, grads, lr_value):
                       for i, k in zip(grp.pos, grp.active))
         clip = tuple(0 if k is None else int(cm[k]) for k in grp.active)
         pos, seg, cden, cscale, paddr, elements = state.template(
-            dt, tuple(grp.pos), active, decay, clip, rc.tail_lanes)
+            low.get(dt, dt), tuple(grp.pos), active, decay, clip, rc.tail_lanes)
         if len(gaddr_dense) == len(active):  # every tensor has a gradient
             gaddr = gaddr_dense
         else:
@@ -472,6 +493,14 @@ def try_fast_step(opt, positions, grads, lr_value):
                     cscale[q] = cs[k]
         buf = state.buffers[dt]
         empty = np.zeros(0, dt)
+        if dt in low:  # the bits of the low-precision buffers, and the format
+            K = drivers.kernels(rc.rule, rc.fl, pl.dmode, bool(rc.tail_lanes), low=True)
+            args = (paddr, gaddr, seg, cden, cscale,
+                    *[buf[name].view(np.uint16) for name in rc.rule.slots],
+                    np.zeros(0, np.uint16), pl.dmode, pl.emode, pl.overwrite, pl.psc, rc.sc,
+                    rc.fl, _halfbits.kind_of(dt), safe)
+            calls.append((K.dense, args, elements))
+            continue
         K = drivers.kernels(rc.rule, rc.fl, pl.dmode, bool(rc.tail_lanes))
         args = (paddr, gaddr, seg, cden, cscale,
                 *[buf[name] for name in rc.rule.slots], buf.get("average", empty),
@@ -513,7 +542,17 @@ class CpuExecutor(ReferenceExecutor):
         with np.errstate(all="ignore"):  # NaN and inf propagate silently, as in TensorFlow
             if try_fast_step(opt, positions, grads, lr_value):
                 return
-            new_values = staged.compute(
-                opt, [(g, opt._vars[i]) for g, i in zip(grads, positions)], lr_value,
-                dedup=deduplicate)
+            kernels = opt._kernels
+            if _sqrt.optimizer_takes_mkl_sqrt(opt, grads):
+                # MKL's root (the convention's `sqrt` knob): the reference's pure functions,
+                # whose roots follow the knob (the CPU kernels' are IEEE)
+                from refopt import reference
+
+                opt._kernels = reference
+            try:
+                new_values = staged.compute(
+                    opt, [(g, opt._vars[i]) for g, i in zip(grads, positions)], lr_value,
+                    dedup=deduplicate)
+            finally:
+                opt._kernels = kernels
         staged.commit(opt, new_values)

@@ -392,6 +392,8 @@ def _clip_host(values, mode, c, d, s):
             return values * s
         if mode == 4:
             return (values / d) * c
+        if mode == 5:
+            return (values * d) * c
     return values
 
 
@@ -430,6 +432,11 @@ def _fused(opt, positions, grads, lr_value, kc):
         raise _Fallback(f"{type(opt).__name__} has no rule (update_rule)")
     if opt.use_ema and opt.ema_momentum is None:
         raise _Fallback("the equal-weight average (ema_momentum=None) has no rule")
+    from refopt.reference.sqrt import optimizer_takes_mkl_sqrt
+
+    if optimizer_takes_mkl_sqrt(opt, grads):
+        raise _Fallback("MKL's sqrt (torch's for-loop path, convention knob sqrt) has no "
+                        "device form")
     dtype_of = state.dtypes
     kind, _ = _plan.clip_kind(opt)
     if kind == "several":
@@ -453,7 +460,7 @@ def _fused(opt, positions, grads, lr_value, kc):
         if not isinstance(g, IndexedSlices):
             how.append("dense")
             continue
-        if conv.keras3_sparse_square:
+        if conv.keras3_sparse_square and opt._raw_slices_matter:
             raise _Fallback("keras3_sparse_square with a sparse gradient")
         if decays[k] and decay_name in ("l2", "optax"):
             raise _Fallback("a decay inside the update with a sparse gradient (refused)")

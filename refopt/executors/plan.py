@@ -133,8 +133,12 @@ def clip_arrays(opt, dtype, n, sums=None, global_norm=None, norms=None):
         else:
             totals = np.full(n, np.sqrt(np.sum(sums, dtype=dtype)), dtype)
         clipped = ~(totals < cv)
-        cmode[clipped] = 4
-        cden[:] = totals
+        if opt.convention.optax_jit == "eager":  # eager XLA: g * (1/N), then times c
+            cmode[clipped] = 5
+            cden[:] = dtype.type(1) / totals
+        else:
+            cmode[clipped] = 4
+            cden[:] = totals
         return cmode, cden, cscale, cv
 
 

@@ -14,6 +14,8 @@ from refopt.optimizers.lion import Lion
 from refopt.optimizers.loss_scale import GradScaler as GradScaler
 from refopt.optimizers.loss_scale import LossScaleOptimizer as LossScaleOptimizer
 from refopt.optimizers.multi_steps import MultiSteps as MultiSteps
+from refopt.optimizers.averaging import SWA as SWA
+from refopt.optimizers.averaging import MovingAverage as MovingAverage
 from refopt.optimizers.nadam import Nadam
 from refopt.optimizers.radam import RAdam
 from refopt.optimizers.rmsprop import RMSprop
@@ -49,4 +51,4 @@ __all__ = [
 #: Wrappers around an optimizer (their state is the inner one's plus their own): importable
 #: from here and from ``refopt``, kept out of ``__all__`` (the per-class shortcuts of
 #: ``refopt.functional``, ``refopt.optax`` and the CLI are for the optimizers themselves).
-WRAPPERS = ["LossScaleOptimizer", "MultiSteps"]
+WRAPPERS = ["LossScaleOptimizer", "MultiSteps", "MovingAverage", "SWA"]

@@ -118,6 +118,9 @@ class Adadelta(Optimizer):
             **kwargs,
         )
 
+    #: torch's for-loop root (the ``sqrt`` knob; refopt.reference.sqrt): MKL's on the host
+    _torch_sqrt = "loop"
+
     def _decay_mode(self):
         """Keras' decoupled decay (tf_keras, Keras 3), PyTorch's L2 term, and optax's
         ``add_decayed_weights`` before ``scale_by_adadelta`` (under ``jit`` the same fused

@@ -143,6 +143,10 @@ class Adagrad(Optimizer):
             return bool(self.initial_accumulator_value > 0
                         or (self.epsilon is not None and np.float16(self.epsilon) > 0))
 
+    #: torch's root (the ``sqrt`` knob; refopt.reference.sqrt): the fused kernel's (IEEE) on
+    #: dense gradients under "torch_fused", else the for-loop's (MKL's, on the host)
+    _torch_sqrt = "fused_dense"
+
     @property
     def _lazy_sparse(self):
         """Whether an IndexedSlices gradient goes to the lazy row update.

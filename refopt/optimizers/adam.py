@@ -134,6 +134,11 @@ class Adam(Optimizer):
             **kwargs,
         )
 
+    #: Where the torch conventions' root comes from (the ``sqrt`` knob,
+    #: :func:`refopt.reference.sqrt.optimizer_takes_mkl_sqrt`): a PyTorch fused kernel
+    #: under ``"torch_fused"`` (SparseAdam's for-loop for the lazy subclass).
+    _torch_sqrt = "fused"
+
     def _slot_groups(self):
         return (("m", "v"), ("vhat",)) if self.amsgrad else (("m", "v"),)
 
@@ -159,12 +164,13 @@ class Adam(Optimizer):
             with np.errstate(all="ignore"):  # adamw(nesterov=True): optax's decay inside
                 p, m, v = _nadam._optax(param, grad, m, v, learning_rate, self.beta_1,
                                         self.beta_2, self.epsilon, step, self.eps_root,
-                                        weight_decay)
+                                        weight_decay, jit=conv.optax_jit)
             return np.asarray(p), {"m": np.asarray(m), "v": np.asarray(v)}
         if lazy_rows and conv.lazy_update == "torch_sparse":
             p, m, v = _variants.lazy_rows_torch(
                 param, grad, slots["m"], slots["v"], learning_rate=learning_rate,
-                beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon, step=step)
+                beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon, step=step,
+                convention=conv)
             return np.asarray(p), {"m": np.asarray(m), "v": np.asarray(v)}
         if lazy_rows and conv.lazy_update == "ema_rows":
             conv = conv.replace(moment_update="ema")

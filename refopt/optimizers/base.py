@@ -89,7 +89,8 @@ BASE_KWARGS_DOC = """weight_decay : float or None, default None
     convention : str, dict or refopt.conventions.Convention, default "tf_keras"
         Which framework's numerics to reproduce: ``"tf_keras"`` (tf.keras 2.11+),
         ``"keras3"``, ``"keras2"`` (legacy ``OptimizerV2``, TF-Addons ``LazyAdam``),
-        ``"tf1"`` (``tf.compat.v1.train``), ``"torch"``, ``"optax"``, or a
+        ``"tf1"`` (``tf.compat.v1.train``), ``"torch"`` (``torch.optim``'s default CPU
+        for-loop), ``"torch_fused"`` (``fused=True``), ``"optax"``, or a
         :class:`~refopt.conventions.Convention` with knobs overridden
         (:func:`refopt.conventions.get_convention`); a dict is a Convention's knobs, as
         :meth:`get_config` writes them.
@@ -813,6 +814,11 @@ class Optimizer:
 
     #: Lazy optimizers update only the rows present in an IndexedSlices gradient.
     _lazy_sparse = False
+
+    #: The update squares (or otherwise combines) each gradient element on its own, so that
+    #: Keras 3's raw duplicate slices (knob ``keras3_sparse_square``) change its numbers;
+    #: False where the update is linear in the gradient (SGD and its kind).
+    _raw_slices_matter = True
 
     def _decay_mode(self):
         """What ``weight_decay`` means here: the convention's ``adam_weight_decay`` knob."""

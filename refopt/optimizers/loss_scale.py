@@ -45,11 +45,12 @@ from refopt.optimizers.base import Optimizer, check_bool, check_real
 __all__ = ["GradScaler", "LossScaleOptimizer"]
 
 _FLAVOURS = {"keras3": "keras3", "tf_keras": "tf_keras", "keras2": "tf_keras", "tf1": "tf1",
-             "torch": "torch"}
+             "torch": "torch", "torch_fused": "torch"}
 _DEFAULT_SCALE = {"keras3": 2.0 ** 15, "tf_keras": 2.0 ** 15, "tf1": 2.0 ** 15,
                   "torch": 2.0 ** 16}  # each framework's default initial scale
 _DEFAULT_GROWTH_STEPS = 2000  # Keras, TF1 and torch alike
-_TORCH_FUSED = ("Adam", "AdamW")  # refopt's torch Adam/AdamW are torch's fused kernels
+# under "torch_fused" (moment_update "torch_fma") refopt's Adam/AdamW are torch's fused kernels
+_TORCH_FUSED = ("Adam", "AdamW")
 
 
 def _to_host(g):
@@ -394,7 +395,8 @@ class LossScaleOptimizer(_Wrapper):
             for _, v, _ in checked:
                 inner._position(v)  # KeyError for a variable it was not built with
         kinds, values = zip(*[_to_host(g) for g, _ in pairs])
-        divide = self._rule.flavour == "torch" and type(inner).__name__ in _TORCH_FUSED
+        divide = (self._rule.flavour == "torch" and type(inner).__name__ in _TORCH_FUSED
+                  and inner.convention.moment_update == "torch_fma")
         unscaled = self._rule.unscale(values, self.dynamic_scale, divide)
         if not self.dynamic:
             finite = True

@@ -185,6 +185,9 @@ class Nadam(Optimizer):
             )
         Optimizer.learning_rate.fset(self, value)
 
+    #: torch's for-loop root (the ``sqrt`` knob; refopt.reference.sqrt): MKL's on the host
+    _torch_sqrt = "loop"
+
     def _decay_mode(self):
         # getattr: the strategies probe this method on an object with a convention only
         if getattr(self, "decoupled_weight_decay", None):  # torch's NAdamW: p *= 1 - lr*wd

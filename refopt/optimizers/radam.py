@@ -146,6 +146,9 @@ class RAdam(Optimizer):
             **kwargs,
         )
 
+    #: torch's for-loop root (the ``sqrt`` knob; refopt.reference.sqrt): MKL's on the host
+    _torch_sqrt = "loop"
+
     def _decay_mode(self):
         """PyTorch's L2 term or its decoupled decay; optax's radam has none."""
         if self.convention.radam_form != "torch":

@@ -123,6 +123,9 @@ class RMSprop(Optimizer):
             **kwargs,
         )
 
+    #: torch's for-loop root (the ``sqrt`` knob; refopt.reference.sqrt): MKL's on the host
+    _torch_sqrt = "loop"
+
     def _has_buffer(self):
         return self.momentum > 0 or self.convention.rmsprop_form == "tf1"
 

@@ -26,7 +26,7 @@ class SGD(Optimizer):
     nesterov : bool, default False
         Nesterov momentum.
     dampening : float, default 0.0
-        PyTorch's dampening (convention ``"torch"``/``"fbgemm"`` only; ``ValueError``
+        PyTorch's dampening (``"torch"``/``"torch_fused"``/``"fbgemm"`` only; ``ValueError``
         elsewhere, and with ``nesterov``, as torch): ``b <- momentum b + (1 - dampening) g``,
         except on a variable's first step, where ``b <- g`` (torch skips it there).
     {base_kwargs}
@@ -37,7 +37,11 @@ class SGD(Optimizer):
     with the updated ``m``). See :func:`refopt.reference.sgd_update`. PyTorch's SGD keeps a
     velocity without the learning rate (``b = momentum b + (1 - dampening) g; w -= lr b``,
     the sum one FMA; ``torch/optim/sgd.py``), which rounds differently and differs when the
-    learning rate changes.
+    learning rate changes. ``"torch_fused"`` is ``SGD(fused=True)``'s CPU kernel
+    (``aten/src/ATen/native/cpu/FusedSGDKernel.cpp``): the same, except on the last
+    ``numel % 8`` (float32) / ``% 4`` (float64) elements of each variable (AVX2's scalar
+    tail), whose buffer is ``fma(b, momentum, (1 - dampening) g)`` (convention knob
+    ``sgd_momentum="torch_fused"``; golden cases ``torch/fusedk_sgd_*``).
 
     An :class:`~refopt.IndexedSlices` gradient under ``"keras3"`` and ``"keras2"`` without
     momentum is a scatter, each occurrence in turn (``w[r] -= round(g*lr)``,
@@ -99,7 +103,7 @@ class SGD(Optimizer):
             convention=convention,
             **kwargs,
         )
-        if self.dampening != 0 and self.convention.sgd_momentum != "torch":
+        if self.dampening != 0 and self.convention.sgd_momentum not in ("torch", "torch_fused"):
             raise ValueError(
                 f"convention={self.convention.name!r} has no SGD dampening (PyTorch's "
                 f"option). Received: dampening={dampening!r}")
@@ -123,10 +127,14 @@ class SGD(Optimizer):
         it in turn (:func:`refopt.reference.sgd_sparse_scatter_update`; the convention knob
         ``sgd_sparse_scatter``): the staged step keeps them."""
         conv = self.convention
-        return self.momentum == 0 and (conv.sgd_momentum == "torch" or conv.sgd_sparse_scatter)
+        return self.momentum == 0 and (conv.sgd_momentum in ("torch", "torch_fused")
+                                       or conv.sgd_sparse_scatter)
 
     #: with the occurrences kept, only the present rows move: the staged step gathers them
     _rows_in_turn = True
+
+    #: linear in the gradient: Keras 3's raw duplicate slices sum to the same rows
+    _raw_slices_matter = False
 
     def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
                      lazy_rows=False):
@@ -135,7 +143,8 @@ class SGD(Optimizer):
                                           weight_decay, lazy_rows)
         conv = self.convention
         if lazy_rows and isinstance(grad, IndexedSlices):  # the occurrences in turn
-            update = (self._kernels.sgd_sparse_torch_update if conv.sgd_momentum == "torch"
+            update = (self._kernels.sgd_sparse_torch_update
+                      if conv.sgd_momentum in ("torch", "torch_fused")
                       else self._kernels.sgd_sparse_scatter_update)
             p = update(param, grad, learning_rate=learning_rate)
             return p, {"m": slots["m"]}

@@ -54,7 +54,8 @@ from refopt.reference._common import (
     tf_cast,
 )
 from refopt.reference.rmsprop import rsqrt
-from refopt.reference.variants import fma
+from refopt.reference.sqrt import sqrt_function
+from refopt.reference.variants import fma, optax_apply
 
 __all__ = [
     "AdadeltaResult",
@@ -254,29 +255,36 @@ def _tf1(w, g, eg, ex, lr, rho, eps):
     return _kernel(w, g, eg, ex, tf_cast(dt, lr), tf_cast(dt, rho), tf_cast(dt, eps))
 
 
-def _torch(w, g, eg, ex, lr, rho, eps):
+def _torch(w, g, eg, ex, lr, rho, eps, sqrt=np.sqrt):
     """``_single_tensor_adadelta``: ``mul_(rho).addcmul_(g, g, value=1-rho)`` (``value*g``
     rounded, then one FMA), ``add(eps).sqrt_()``, ``div_(std).mul_(g)``, ``param.add_(delta,
-    alpha=-lr)`` (one FMA)."""
+    alpha=-lr)`` (one FMA). ``sqrt``: the convention's root (MKL's under ``sqrt="mkl"``)."""
     dt = w.dtype
     r, c, e = scalar(dt, rho), scalar(dt, 1 - rho), scalar(dt, eps)
     eg = fma(c * g, g, eg * r)
-    std = np.sqrt(eg + e)
-    d = (np.sqrt(ex + e) / std) * g
+    std = sqrt(eg + e)
+    d = (sqrt(ex + e) / std) * g
     ex = fma(c * d, d, ex * r)
     return fma(scalar(dt, -float(lr)), d, w), eg, ex
 
 
-def _optax(w, g, eg, ex, lr, rho, eps):
+def _optax(w, g, eg, ex, lr, rho, eps, jit="update"):
     """``scale_by_adadelta`` then ``scale_by_learning_rate`` under ``jit`` (XLA contracts
     each ``(1-rho)*x**2 + rho*E`` into one FMA, and turns the division by a root into a
-    product with ``rsqrt``), ``apply_updates`` outside (``w + u``)."""
+    product with ``rsqrt``), ``apply_updates`` outside (``w + u``). ``jit`` is
+    ``Convention.optax_jit``: ``"eager"`` rounds every operation as written (a true division
+    by a correctly rounded root, no FMA); ``"step"`` fuses ``w + (-lr)*u`` into one FMA."""
     dt = w.dtype
     r, c, e = scalar(dt, rho), scalar(dt, 1 - rho), scalar(dt, eps)
+    if jit == "eager":
+        eg = c * np.square(g) + r * eg
+        u = (np.sqrt(ex + e) / np.sqrt(eg + e)) * g
+        ex = c * np.square(u) + r * ex
+        return w + scalar(dt, -float(lr)) * u, eg, ex
     eg = fma(c, np.square(g), r * eg)  # (1-rho)*g**2 + rho*e_g: the first product fused
     u = (np.sqrt(ex + e) * rsqrt(eg + e)) * g  # XLA rewrites a / sqrt(b) as a * rsqrt(b)
     ex = fma(r, ex, c * np.square(u))  # (1-rho)*u**2 + rho*e_x: here the second one fused
-    return w + scalar(dt, -float(lr)) * u, eg, ex
+    return optax_apply(w, u, scalar(dt, -float(lr)), jit), eg, ex
 
 
 _FORMS = {"tf_keras": _tf_keras, "keras3": _keras3, "keras2": _keras2, "tf1": _tf1,
@@ -486,7 +494,14 @@ def adadelta_update(param, grad, accumulated_grad, accumulated_delta, *, learnin
                         accumulated_delta[rows], learning_rate=learning_rate, rho=rho,
                         epsilon=epsilon, convention=convention)
                 return AdadeltaResult(w, eg, ex)
-        w, eg, ex = _FORMS[form](param, grad, accumulated_grad, accumulated_delta, *kw)
+        if form == "torch":  # the convention's root (knob `sqrt`: MKL's, torch.sqrt on CPU)
+            w, eg, ex = _torch(param, grad, accumulated_grad, accumulated_delta, *kw,
+                               sqrt=sqrt_function(_convention(convention)))
+        elif form == "optax":  # the convention's jit mode
+            w, eg, ex = _optax(param, grad, accumulated_grad, accumulated_delta, *kw,
+                               jit=_convention(convention).optax_jit)
+        else:
+            w, eg, ex = _FORMS[form](param, grad, accumulated_grad, accumulated_delta, *kw)
     return AdadeltaResult(np.asarray(w), np.asarray(eg), np.asarray(ex))
 
 

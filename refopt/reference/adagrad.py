@@ -53,6 +53,7 @@ from refopt.reference._common import (
     tf_cast,
 )
 from refopt.reference.rmsprop import rsqrt
+from refopt.reference.sqrt import sqrt_function
 from refopt.reference.variants import fma
 
 __all__ = [
@@ -217,35 +218,38 @@ def _torch_lr(lr, lr_decay, step):
     return float(lr) / (1 + (float(step) - 1) * float(lr_decay))
 
 
-def _torch(w, g, acc, lr, eps, lr_decay, step):
+def _torch(w, g, acc, lr, eps, lr_decay, step, sqrt=np.sqrt):
     """``_single_tensor_adagrad``'s dense branch: ``addcmul_`` (one FMA), ``sqrt().add_``,
-    ``addcdiv_`` (the scaled gradient divided, then added)."""
+    ``addcdiv_`` (the scaled gradient divided, then added). ``sqrt``: the convention's root
+    (MKL's under ``sqrt="mkl"``, :mod:`refopt.reference.sqrt`)."""
     dt = w.dtype
     acc = fma(g, g, acc)
-    std = np.sqrt(acc) + scalar(dt, eps)
+    std = sqrt(acc) + scalar(dt, eps)
     return w + (scalar(dt, -_torch_lr(lr, lr_decay, step)) * g) / std, acc
 
 
-def _torch_rows(w, g, acc, lr, eps, lr_decay, step):
+def _torch_rows(w, g, acc, lr, eps, lr_decay, step, sqrt=np.sqrt):
     """``_single_tensor_adagrad``'s sparse branch on the coalesced rows: ``add_`` of the
     squared values (no FMA), ``sqrt_().add_``, the division *first*, then ``param.add_(...,
     alpha=-clr)`` (one FMA)."""
     dt = w.dtype
     acc = acc + g * g
-    q = g / (np.sqrt(acc) + scalar(dt, eps))
+    q = g / (sqrt(acc) + scalar(dt, eps))
     return fma(scalar(dt, -_torch_lr(lr, lr_decay, step)), q, w), acc
 
 
-def _optax(w, g, acc, lr, eps):
+def _optax(w, g, acc, lr, eps, jit="update"):
     """``scale_by_rss`` then ``scale_by_learning_rate`` under ``jit`` (``g*g + sum``
-    contracted into one FMA), ``apply_updates`` outside."""
+    contracted into one FMA), ``apply_updates`` outside. ``jit`` (``Convention.optax_jit``)
+    ``"eager"``: ``g*g + sum`` rounded twice; ``"step"`` compiles as ``"update"``."""
     dt = w.dtype
-    acc = fma(g, g, acc)
+    acc = g * g + acc if jit == "eager" else fma(g, g, acc)
     s = np.where(acc > 0, rsqrt(acc + scalar(dt, eps)), dt.type(0))
     return w + scalar(dt, -float(lr)) * (s * g), acc
 
 
-def _dense(form, w, g, acc, lr, eps, lr_decay, step, one_element_rows=False):
+def _dense(form, w, g, acc, lr, eps, lr_decay, step, one_element_rows=False, jit="update",
+           sqrt=np.sqrt):
     if form in ("tf_keras", "keras3"):
         return _keras(w, g, acc, lr, eps)
     if form == "keras2":
@@ -253,8 +257,8 @@ def _dense(form, w, g, acc, lr, eps, lr_decay, step, one_element_rows=False):
     if form == "tf1":
         return _tf1(w, g, acc, lr, one_element_rows)
     if form == "torch":
-        return _torch(w, g, acc, lr, eps, lr_decay, step)
-    return _optax(w, g, acc, lr, eps)
+        return _torch(w, g, acc, lr, eps, lr_decay, step, sqrt)
+    return _optax(w, g, acc, lr, eps, jit)
 
 
 def adagrad_rows(param_rows, grad_rows, accumulator_rows, *, learning_rate, epsilon,
@@ -268,13 +272,14 @@ def adagrad_rows(param_rows, grad_rows, accumulator_rows, *, learning_rate, epsi
     the rows' shape); PyTorch its sparse branch. Arrays of shape ``(rows, ...)``, checked by
     the caller.
     """
-    form = _convention(convention).adagrad_form
+    conv = _convention(convention)
+    form = conv.adagrad_form
     if row_width is None:
         row_width = int(np.prod(param_rows.shape[1:], dtype=np.int64))
     with np.errstate(all="ignore"):
         if form == "torch":
             w, acc = _torch_rows(param_rows, grad_rows, accumulator_rows, learning_rate,
-                                 epsilon, lr_decay, step)
+                                 epsilon, lr_decay, step, sqrt_function(conv))
         else:
             w, acc = _dense(form, param_rows, grad_rows, accumulator_rows, learning_rate,
                             epsilon, lr_decay, step, one_element_rows=row_width == 1)
@@ -399,7 +404,12 @@ def adagrad_update(param, grad, accumulator, *, learning_rate, epsilon, conventi
         w \leftarrow w + (\overline{-c}\, g) / (\sqrt{a} + \bar\epsilon)
 
     torch's CPU ``sqrt`` (MKL's vector math) is not correctly rounded (about 17% of float32
-    results 1 ulp off); the golden cases carry that tolerance.
+    results 1 ulp off); refopt calls it under the convention knob ``sqrt="mkl"``
+    (:mod:`refopt.reference.sqrt`). ``Adagrad(fused=True)`` (``FusedAdagradKernel.cpp``; the
+    ``"torch_fused"`` preset, knob ``sqrt="torch_fused"``) computes the same formula on a
+    dense gradient, body and scalar tail alike (``sum + g*g`` contracted into one FMA,
+    ``p - (c g) / std`` with ``c`` rounded to the dtype), with the correctly rounded root;
+    its sparse rows stay the for-loop's (the fused kernel refuses sparse gradients).
 
     **optax** (``optax.adagrad`` = ``scale_by_rss`` then ``scale_by_learning_rate``, the update
     under ``jax.jit``, where XLA:CPU contracts ``g*g + a`` into one FMA):
@@ -485,7 +495,9 @@ def adagrad_update(param, grad, accumulator, *, learning_rate, epsilon, conventi
                         epsilon=epsilon, convention=conv, lr_decay=lr_decay, step=step,
                         row_width=int(np.prod(param.shape[1:], dtype=np.int64)))
                 return AdagradResult(w, acc)
-        w, acc = _dense(form, param, grad, accumulator, learning_rate, epsilon, lr_decay, step)
+        # dense: torch's fused kernel under sqrt="torch_fused" (the hardware's root)
+        w, acc = _dense(form, param, grad, accumulator, learning_rate, epsilon, lr_decay, step,
+                        jit=conv.optax_jit, sqrt=sqrt_function(conv, fused_kernel=True))
     return AdagradResult(np.asarray(w), np.asarray(acc))
 
 

@@ -55,7 +55,7 @@ from refopt.reference._common import (
     scalar,
     tf_cast,
 )
-from refopt.reference.variants import fma
+from refopt.reference.variants import fma, optax_apply
 
 __all__ = [
     "AdamaxResult",
@@ -193,7 +193,8 @@ def adamax_scalars(dtype, convention=None, *, learning_rate, beta_1, beta_2, eps
             p1 = _libm.power(work, work.type(beta_1), work.type(step))
             out.update(c1=scalar(dt, 1 - beta_1), b1=scalar(dt, beta_1),
                        b2=scalar(dt, beta_2), eps=scalar(dt, epsilon),
-                       bc1=scalar(dt, work.type(1) - p1), neg_lr=scalar(dt, -float(learning_rate)))
+                       bc1=scalar(dt, work.type(1) - p1), neg_lr=scalar(dt, -float(learning_rate)),
+                       jit=_convention(convention).optax_jit)
     return out
 
 
@@ -246,10 +247,15 @@ def _torch(w, g, m, u, s):
 def _optax(w, g, m, u, s):
     """``scale_by_adamax`` then ``scale_by_learning_rate`` under ``jit`` (XLA contracts
     ``(1-b1)*g + b1*m`` into one FMA and folds ``(m/bc1)/u`` into ``m/(bc1*u)``),
-    ``apply_updates`` outside."""
+    ``apply_updates`` outside. ``s["jit"] == "eager"``: nothing jitted, ``(m/bc1)/u`` and
+    ``-lr*u`` each rounded; ``"step"``: ``apply_updates`` fused, ``fma(u, -lr, w)``."""
+    if s.get("jit") == "eager":
+        m = s["c1"] * g + s["b1"] * m
+        u = np.maximum(np.abs(g) + s["eps"], s["b2"] * u)
+        return w + s["neg_lr"] * ((m / s["bc1"]) / u), m, u
     m = fma(s["c1"], g, s["b1"] * m)
     u = np.maximum(np.abs(g) + s["eps"], s["b2"] * u)
-    return w + (m / (s["bc1"] * u)) * s["neg_lr"], m, u
+    return optax_apply(w, m / (s["bc1"] * u), s["neg_lr"], s.get("jit", "update")), m, u
 
 
 def _dense(form, w, g, m, u, s, abs_g=None):

@@ -45,7 +45,7 @@ from refopt.reference._common import (
     scalar,
     tf_cast,
 )
-from refopt.reference.variants import fma
+from refopt.reference.variants import fma, optax_apply
 
 __all__ = [
     "LionResult",
@@ -181,16 +181,24 @@ def _keras3_slices(w, grad, m, lr, b1, b2):
     return w - lr_cast(dt, lr) * u, m * b2 + _segment_sum(grad, one - b2)
 
 
-def _optax(w, g, m, lr, b1, b2, wd):
+def _optax(w, g, m, lr, b1, b2, wd, jit="update"):
     """``scale_by_lion`` then ``add_decayed_weights`` then ``scale_by_learning_rate`` under
-    ``jit`` (``(1-b)*g + b*m`` contracted into one FMA), ``apply_updates`` outside."""
+    ``jit`` (``(1-b)*g + b*m`` contracted into one FMA), ``apply_updates`` outside.
+    ``jit`` is ``Convention.optax_jit``: ``"eager"`` rounds every operation (no FMA),
+    ``"step"`` fuses ``apply_updates`` into one FMA."""
     dt = w.dtype
+    if jit == "eager":
+        u = _xla_sign(scalar(dt, 1 - b1) * g + scalar(dt, b1) * m)
+        m = scalar(dt, 1 - b2) * g + scalar(dt, b2) * m
+        if wd is not None and wd != 0:
+            u = u + scalar(dt, wd) * w
+        return w + scalar(dt, -float(lr)) * u, m
     x = fma(scalar(dt, 1 - b1), g, scalar(dt, b1) * m)
     u = _xla_sign(x)
     m = fma(scalar(dt, 1 - b2), g, scalar(dt, b2) * m)
     if wd is not None and wd != 0:  # optax skips a Python-float 0 decay entirely
         u = fma(scalar(dt, wd), w, u)
-    return w + scalar(dt, -float(lr)) * u, m
+    return optax_apply(w, u, scalar(dt, -float(lr)), jit), m
 
 
 def lion_update(param, grad, m, *, learning_rate, beta_1=0.9, beta_2=0.99, convention=None,
@@ -323,7 +331,8 @@ def lion_update(param, grad, m, *, learning_rate, beta_1=0.9, beta_2=0.99, conve
                 return LionResult(np.asarray(w), np.asarray(m_new))
             grad = grad.to_dense()
         if form == "optax":
-            w, m_new = _optax(param, grad, m, learning_rate, beta_1, beta_2, weight_decay)
+            w, m_new = _optax(param, grad, m, learning_rate, beta_1, beta_2, weight_decay,
+                              jit=_convention(convention).optax_jit)
         else:
             w, m_new = _keras(param, grad, m, learning_rate, beta_1, beta_2)
     return LionResult(np.asarray(w), np.asarray(m_new))

@@ -59,7 +59,8 @@ from refopt.reference._common import (
     scalar,
     tf_cast,
 )
-from refopt.reference.variants import fma
+from refopt.reference.sqrt import sqrt_function
+from refopt.reference.variants import fma, optax_apply
 
 __all__ = [
     "NadamResult",
@@ -413,13 +414,14 @@ def _lerp(start, end, weight):
     return fma(weight - weight.dtype.type(1), d, end)
 
 
-def _torch(w, g, m, v, lr, b1, b2, eps, t, sch):
-    """``_single_tensor_nadam`` (dense; weight decay applied by the caller)."""
+def _torch(w, g, m, v, lr, b1, b2, eps, t, sch, sqrt=np.sqrt):
+    """``_single_tensor_nadam`` (dense; weight decay applied by the caller); ``sqrt``: the
+    convention's root (MKL's under ``sqrt="mkl"``, :mod:`refopt.reference.sqrt`)."""
     dt = w.dtype
     bc2 = 1.0 - float(b2) ** t
     m = _lerp(m, g, scalar(dt, 1.0 - float(b1)))
     v = fma(scalar(dt, 1.0 - float(b2)) * g, g, v * scalar(dt, b2))
-    denom = np.sqrt(v / scalar(dt, bc2)) + scalar(dt, eps)
+    denom = sqrt(v / scalar(dt, bc2)) + scalar(dt, eps)
     lr = float(lr)
     c_g = -lr * (1.0 - sch.mu) / (1.0 - sch.product)
     c_m = (-lr * sch.mu_next) / (1.0 - sch.product_next)
@@ -428,21 +430,33 @@ def _torch(w, g, m, v, lr, b1, b2, eps, t, sch):
     return w, m, v
 
 
-def _optax(w, g, m, v, lr, b1, b2, eps, t, eps_root=None, weight_decay=None):
+def _optax(w, g, m, v, lr, b1, b2, eps, t, eps_root=None, weight_decay=None, jit="update"):
     """``scale_by_adam(nesterov=True)`` under ``jit`` (several leaves) and
     ``apply_updates``; ``eps_root`` inside the root, ``sqrt(nu_hat + eps_root)``;
-    ``weight_decay``: ``optax.adamw(nesterov=True)``'s ``fma(w, wd, u)`` before ``-lr``."""
+    ``weight_decay``: ``optax.adamw(nesterov=True)``'s ``fma(w, wd, u)`` before ``-lr``.
+    ``jit``: ``Convention.optax_jit`` (``"eager"``: no FMA, each operation rounded;
+    ``"step"``: ``apply_updates`` fused into one FMA)."""
     dt = w.dtype
     work = _F64 if dt == _F64 else _F32
     one = scalar(dt, 1)
     b1d, b2d = scalar(dt, b1), scalar(dt, b2)
     c1, c2 = scalar(dt, 1 - b1), scalar(dt, 1 - b2)
-    m = fma(c1, g, b1d * m)
-    v = fma(c2, g * g, b2d * v)
-
     def bc(b, k):  # 1 - b**k: a float32 power (float64 with x64) of the int32 count
         return one - scalar(dt, _libm.power(work, work.type(b), work.type(k)))
 
+    if jit == "eager":  # optax's expressions as written, each jnp operation rounded
+        m = c1 * g + b1d * m
+        v = c2 * (g * g) + b2d * v
+        m_hat = b1d * (m / bc(b1, t + 1)) + c1 * (g / bc(b1, t))
+        v_hat = v / bc(b2, t)
+        if eps_root:
+            v_hat = v_hat + scalar(dt, eps_root)
+        u = m_hat / (np.sqrt(v_hat) + scalar(dt, eps))
+        if weight_decay is not None:
+            u = u + scalar(dt, weight_decay) * w
+        return w + scalar(dt, -float(lr)) * u, m, v
+    m = fma(c1, g, b1d * m)
+    v = fma(c2, g * g, b2d * v)
     m_hat = fma(m / bc(b1, t + 1), b1d, (g / bc(b1, t)) * c1)
     v_hat = v / bc(b2, t)
     if eps_root:  # (+0 would change no bit of v_hat >= +0)
@@ -450,7 +464,7 @@ def _optax(w, g, m, v, lr, b1, b2, eps, t, eps_root=None, weight_decay=None):
     u = m_hat / (np.sqrt(v_hat) + scalar(dt, eps))
     if weight_decay is not None:
         u = fma(w, scalar(dt, weight_decay), u)
-    return w + u * scalar(dt, -float(lr)), m, v
+    return optax_apply(w, u, scalar(dt, -float(lr)), jit), m, v
 
 
 def nadam_update(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, step,
@@ -635,7 +649,8 @@ def nadam_update(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, s
     args = (learning_rate, beta_1, beta_2, epsilon, step)
     with np.errstate(all="ignore"):
         if form == "optax":
-            w, m_new, v_new = _optax(param, grad, m, v, *args, eps_root)
+            w, m_new, v_new = _optax(param, grad, m, v, *args, eps_root,
+                                     jit=conv.optax_jit)
             return NadamResult(np.asarray(w), np.asarray(m_new), np.asarray(v_new))
         sch = nadam_schedule(step, beta_1=beta_1, convention=conv, dtype=param.dtype,
                              product_dtype=product_dtype, momentum_decay=momentum_decay)
@@ -651,7 +666,10 @@ def nadam_update(param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, s
                 w, m_new, v_new = _keras2_sparse(param, grad, m, v, *args, sch)
                 return NadamResult(np.asarray(w), np.asarray(m_new), np.asarray(v_new))
             grad = grad.to_dense()  # Keras 3: its dense step on the summed gradient
-        fn = {"tf_keras": _keras, "keras3": _keras, "keras2": _keras2, "torch": _torch}[form]
+        if form == "torch":  # the convention's root (knob `sqrt`: MKL's, torch.sqrt on CPU)
+            w, m_new, v_new = _torch(param, grad, m, v, *args, sch, sqrt=sqrt_function(conv))
+            return NadamResult(np.asarray(w), np.asarray(m_new), np.asarray(v_new))
+        fn = {"tf_keras": _keras, "keras3": _keras, "keras2": _keras2}[form]
         w, m_new, v_new = fn(param, grad, m, v, *args, sch)
     return NadamResult(np.asarray(w), np.asarray(m_new), np.asarray(v_new))
 

@@ -47,7 +47,8 @@ from refopt.reference._common import (
     scalar,
 )
 from refopt.reference.rmsprop import _lerp
-from refopt.reference.variants import fma
+from refopt.reference.sqrt import sqrt_function
+from refopt.reference.variants import fma, optax_apply
 
 __all__ = [
     "RAdamResult",
@@ -166,6 +167,10 @@ def radam_scalars(dtype, *, beta_1, beta_2, step, convention=None, threshold=5.0
         b1t = _libm.power(work, w(b1), w(step))
         b2t = _libm.power(work, w(b2), w(step))
         bc1, bc2 = one - b1t, one - b2t
+        if _convention(convention).optax_jit == "eager":
+            # eager jnp: b2**count with an int32 count is square-and-multiply in the working
+            # precision (under jit, and in optax's jitted bias_correction: pow)
+            b2t = optax_eager_power(work, b2, step)
         rho = w(rho_inf) - (w(2 * step) * b2t) / (one - b2t)
         rectified = bool(rho >= w(threshold))
         rect = np.sqrt((rho - w(4)) * (rho - w(2)) * w(rho_inf)
@@ -174,9 +179,23 @@ def radam_scalars(dtype, *, beta_1, beta_2, step, convention=None, threshold=5.0
                     rect=rect)
 
 
-def _torch(w, g, m, v, lr, b1, b2, eps, step):
+def optax_eager_power(work, b, t):
+    """``b**t`` as eager JAX computes a Python float to an int32 array power: ``lax.pow``
+    with an integer exponent, square-and-multiply in ``work`` (float32, or float64 under
+    ``jax_enable_x64``), each product rounded; ``t >= 0``."""
+    acc, x, y = work.type(1), work.type(b), int(t)
+    while y:
+        if y & 1:
+            acc = work.type(acc * x)
+        x = work.type(x * x)
+        y >>= 1
+    return acc
+
+
+def _torch(w, g, m, v, lr, b1, b2, eps, step, sqrt=np.sqrt):
     """``_single_tensor_radam`` (after its weight decay): ``lerp_``, ``mul_``/``addcmul_``
-    (one FMA), the bias-corrected ``m``, and the rectified or the SGD step."""
+    (one FMA), the bias-corrected ``m``, and the rectified or the SGD step. ``sqrt``: the
+    convention's root (MKL's under ``sqrt="mkl"``, :mod:`refopt.reference.sqrt`)."""
     dt = w.dtype
     s = radam_scalars(dt, beta_1=b1, beta_2=b2, step=step, convention="torch")
     m = _lerp(m, g, scalar(dt, 1 - b1))  # exp_avg.lerp_(grad, 1 - beta1)
@@ -185,19 +204,24 @@ def _torch(w, g, m, v, lr, b1, b2, eps, step):
     lr = scalar(dt, lr)
     if s["rectified"]:
         # (bc2 ** 0.5) / (sqrt(v) + eps) is Tensor.__rtruediv__: reciprocal, then a product
-        adaptive = (scalar(dt, 1) / (np.sqrt(v) + scalar(dt, eps))) * scalar(dt, s["bc2"] ** 0.5)
+        adaptive = (scalar(dt, 1) / (sqrt(v) + scalar(dt, eps))) * scalar(dt, s["bc2"] ** 0.5)
         return w - ((m_hat * lr) * adaptive) * scalar(dt, s["rect"]), m, v
     return w - m_hat * lr, m, v
 
 
-def _optax(w, g, m, v, lr, b1, b2, eps, eps_root, threshold, step):
+def _optax(w, g, m, v, lr, b1, b2, eps, eps_root, threshold, step, jit="update"):
     """``scale_by_radam`` then ``scale_by_learning_rate`` under ``jit`` (the moments'
-    ``(1-b)*x + b*t`` contracted into FMAs), ``apply_updates`` outside."""
+    ``(1-b)*x + b*t`` contracted into FMAs), ``apply_updates`` outside. ``jit`` is
+    ``Convention.optax_jit`` (``"eager"``: every operation rounded, no FMA)."""
     dt = w.dtype
-    s = radam_scalars(dt, beta_1=b1, beta_2=b2, step=step, convention="optax",
-                      threshold=threshold)
-    m = fma(scalar(dt, 1 - b1), g, scalar(dt, b1) * m)
-    v = fma(scalar(dt, 1 - b2), g * g, scalar(dt, b2) * v)
+    s = radam_scalars(dt, beta_1=b1, beta_2=b2, step=step,
+                      convention=get_convention("optax", optax_jit=jit), threshold=threshold)
+    if jit == "eager":
+        m = scalar(dt, 1 - b1) * g + scalar(dt, b1) * m
+        v = scalar(dt, 1 - b2) * (g * g) + scalar(dt, b2) * v
+    else:
+        m = fma(scalar(dt, 1 - b1), g, scalar(dt, b1) * m)
+        v = fma(scalar(dt, 1 - b2), g * g, scalar(dt, b2) * v)
     m_hat = m / scalar(dt, s["bc1"])
     if s["rectified"]:
         v_hat = v / scalar(dt, s["bc2"])
@@ -205,7 +229,7 @@ def _optax(w, g, m, v, lr, b1, b2, eps, eps_root, threshold, step):
                                                + scalar(dt, eps))
     else:
         u = m_hat
-    return w + scalar(dt, -float(lr)) * u, m, v
+    return optax_apply(w, u, scalar(dt, -float(lr)), jit), m, v
 
 
 def radam_update(param, grad, m, v, *, learning_rate, beta_1=0.9, beta_2=0.999,
@@ -330,10 +354,11 @@ def radam_update(param, grad, m, v, *, learning_rate, beta_1=0.9, beta_2=0.999,
     with np.errstate(all="ignore"):
         if form == "torch":
             w, m_new, v_new = _torch(param, grad, m, v, learning_rate, beta_1, beta_2,
-                                     epsilon, step)
+                                     epsilon, step, sqrt_function(_convention(convention)))
         else:
             w, m_new, v_new = _optax(param, grad, m, v, learning_rate, beta_1, beta_2,
-                                     epsilon, epsilon_root, threshold, step)
+                                     epsilon, epsilon_root, threshold, step,
+                                     jit=_convention(convention).optax_jit)
     return RAdamResult(np.asarray(w), np.asarray(m_new), np.asarray(v_new))
 
 

@@ -46,7 +46,8 @@ from refopt.reference._common import (
     tf_cast,
 )
 from refopt.reference.variants import fma as _fma_f32_f64
-from refopt.reference.variants import two_prod
+from refopt.reference.sqrt import sqrt_function
+from refopt.reference.variants import optax_apply, two_prod
 
 __all__ = [
     "RMSpropResult",
@@ -338,17 +339,18 @@ def _tf1(w, g, v, mom, avg, lr, rho, momentum, eps, centered):
                    tf_cast(dt, momentum), tf_cast(dt, eps), centered)
 
 
-def _torch(w, g, v, mom, avg, lr, rho, momentum, eps, centered):
-    """PyTorch ``_single_tensor_rmsprop`` on CPU: Python-float scalars, FMA primitives."""
+def _torch(w, g, v, mom, avg, lr, rho, momentum, eps, centered, sqrt=np.sqrt):
+    """PyTorch ``_single_tensor_rmsprop`` on CPU: Python-float scalars, FMA primitives;
+    ``sqrt``: the convention's root (MKL's under ``sqrt="mkl"``, refopt.reference.sqrt)."""
     dt = w.dtype
     a, c = scalar(dt, rho), scalar(dt, 1 - rho)  # alpha; 1 - alpha in float64, then cast
     v = v * a  # square_avg.mul_(alpha)
     v = _fma(c * g, g, v)  # .addcmul_(g, g, value=1-alpha): value*g rounded, then one FMA
     if centered:
         avg = _lerp(avg, g, c)  # grad_avg.lerp_(g, 1-alpha)
-        root = np.sqrt(_fma(-avg, avg, v))  # square_avg.addcmul(ga, ga, value=-1).sqrt_()
+        root = sqrt(_fma(-avg, avg, v))  # square_avg.addcmul(ga, ga, value=-1).sqrt_()
     else:
-        root = np.sqrt(v)  # square_avg.sqrt()   (MKL's sqrt in torch: see Notes)
+        root = sqrt(v)  # square_avg.sqrt()   (MKL's sqrt in torch: see Notes)
     den = root + scalar(dt, eps)  # avg.add_(eps): epsilon OUTSIDE the root
     neg_lr = scalar(dt, -float(lr))
     if momentum > 0:
@@ -358,26 +360,31 @@ def _torch(w, g, v, mom, avg, lr, rho, momentum, eps, centered):
     return w, v, (None if mom is None else mom.copy()), avg
 
 
-def _optax(w, g, v, mom, avg, lr, rho, momentum, eps, centered, eps_in_sqrt):
+def _optax(w, g, v, mom, avg, lr, rho, momentum, eps, centered, eps_in_sqrt, jit="update"):
     """optax ``rmsprop`` under ``jax.jit`` (XLA:CPU contracts ``a*x + b*y`` into one FMA),
-    then ``optax.apply_updates`` outside jit (``w + u``, one rounding)."""
+    then ``optax.apply_updates`` outside jit (``w + u``, one rounding). ``jit``
+    (``Convention.optax_jit``): ``"eager"`` rounds every operation (no FMA); ``"step"``
+    also fuses ``w + (-lr)*u`` into one FMA (without momentum)."""
     dt = w.dtype
     d, c, e = scalar(dt, rho), scalar(dt, 1 - rho), scalar(dt, eps)
-    v = _fma(c, np.square(g), d * v)  # (1-decay)*g**2 + decay*nu
+    eager = jit == "eager"
+    v = c * np.square(g) + d * v if eager else _fma(c, np.square(g), d * v)
     if centered:
-        avg = _fma(c, g, d * avg)  # (1-decay)*g + decay*mu
-        second = _fma(-avg, avg, v)  # nu - |mu|**2, contracted
+        avg = c * g + d * avg if eager else _fma(c, g, d * avg)  # (1-decay)*g + decay*mu
+        # nu - |mu|**2, contracted under jit
+        second = v - avg * avg if eager else _fma(-avg, avg, v)
     else:
         second = v
     if eps_in_sqrt:
         s = rsqrt(second + e)  # lax.rsqrt(n + eps)   (XLA's rsqrt: see Notes)
     else:
         s = scalar(dt, 1) / (np.sqrt(second) + e)  # 1 / (sqrt(n) + eps)
-    u = scalar(dt, -float(lr)) * (s * g)  # scale_by_learning_rate: (-lr) * updates
-    if mom is not None:  # trace(decay=momentum): t = u + momentum*t, one FMA on momentum*t
-        mom = _fma(scalar(dt, momentum), mom, u)
-        return w + mom, v, mom, avg
-    return w + u, v, None, avg
+    if mom is None:  # scale_by_learning_rate: (-lr) * updates, then apply_updates
+        return optax_apply(w, s * g, scalar(dt, -float(lr)), jit), v, None, avg
+    u = scalar(dt, -float(lr)) * (s * g)
+    # trace(decay=momentum): t = u + momentum*t, one FMA on momentum*t under jit
+    mom = u + scalar(dt, momentum) * mom if eager else _fma(scalar(dt, momentum), mom, u)
+    return w + mom, v, mom, avg
 
 
 _FORM_FUNCTIONS = {
@@ -595,7 +602,10 @@ def rmsprop_update(param, grad, velocity, momentum_buf=None, average_gradient=No
         if form in ("tf_keras", "keras3"):
             out = _keras(*args, use_rsqrt=(form == "tf_keras"))
         elif form == "optax":
-            out = _optax(*args, eps_in_sqrt=True if eps_in_sqrt is None else eps_in_sqrt)
+            out = _optax(*args, eps_in_sqrt=True if eps_in_sqrt is None else eps_in_sqrt,
+                         jit=_convention(convention).optax_jit)
+        elif form == "torch":  # the convention's root (knob `sqrt`: MKL's, torch.sqrt on CPU)
+            out = _torch(*args, sqrt=sqrt_function(_convention(convention)))
         else:
             out = _FORM_FUNCTIONS[form](*args)
     w, v, b, a = out

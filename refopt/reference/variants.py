@@ -20,6 +20,7 @@ import numpy as np
 from refopt import _libm
 from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import lr_cast, scalar, tf_cast
+from refopt.reference.sqrt import convention_sqrt
 
 __all__ = [
     "fma", "adam_variant", "lazy_rows_torch", "sgd_variant", "clip_norm_variant",
@@ -143,8 +144,9 @@ def _moments(m, v, g, dtype, b1, b2, conv, g_squared=None):
         return m + (g - m) * c1, v + (gg - v) * c2
     if how == "ema":
         return beta(dtype, b1, conv) * m + c1 * g, beta(dtype, b2, conv) * v + c2 * gg
-    if how == "torch_fma":
-        # m.lerp_(g, w) as PyTorch's fused CPU kernel: one FMA, branch on |w| < 0.5
+    if how in ("torch_fma", "torch_loop"):
+        # m.lerp_(g, w) as PyTorch's CPU kernels (fused and for-loop): one FMA, branch on
+        # |w| < 0.5; v.mul_(b2).addcmul_(g, g, value=1-b2): fma((1-b2)*g, g, v*b2)
         w = c1
         d = g - m
         m_new = fma(w, d, m) if abs(float(w)) < 0.5 else fma(w - scalar(dtype, 1), d, g)
@@ -152,12 +154,14 @@ def _moments(m, v, g, dtype, b1, b2, conv, g_squared=None):
         v_new = fma(c2 * g, g, v * b2d)
         # the kernel's scalar tail (the last numel mod (32 bytes / itemsize) elements: 8
         # float32, 4 float64) is contracted the other way round
-        tail = v.size % (32 // dtype.itemsize)
+        tail = v.size % (32 // dtype.itemsize) if how == "torch_fma" else 0
         if tail and dtype in (_F32, _F64):
             vt = v_new.reshape(-1)
             gt, old = g.reshape(-1)[-tail:], v.reshape(-1)[-tail:]
             vt[-tail:] = fma(old, b2d, (c2 * gt) * gt)
         return m_new, v_new
+    if conv.optax_jit == "eager":  # optax's (1-b)*g + b*m, every jnp op rounded on its own
+        return (c1 * g + beta(dtype, b1, conv) * m, c2 * gg + beta(dtype, b2, conv) * v)
     # optax under jit: (1-b)*g + b*m contracted into one FMA by XLA
     return (fma(c1, g, beta(dtype, b1, conv) * m),
             fma(c2, gg, beta(dtype, b2, conv) * v))
@@ -202,7 +206,8 @@ def adam_variant(param, grad, m, v, vhat, *, learning_rate, beta_1, beta_2, epsi
         param_new = param - (m_new * alpha) / (np.sqrt(denom_v) + eps)
         return param_new, m_new, v_new, vhat_new
     if conv.bias_correction == "float64":
-        # PyTorch (fused CPU kernel): float64 scalars, one rounding to the dtype each
+        # PyTorch (fused CPU kernel and for-loop): float64 scalars, one rounding to the
+        # dtype each; sqrt: the fused kernel's is IEEE, the for-loop's torch.sqrt MKL's
         bc1 = 1.0 - float(b1) ** t
         bc2_sqrt = math.sqrt(1.0 - float(b2) ** t)
         step_size = float(lr) / bc1
@@ -214,13 +219,17 @@ def adam_variant(param, grad, m, v, vhat, *, learning_rate, beta_1, beta_2, epsi
         else:
             vhat_new = np.maximum(vhat, v_new / scalar(dtype, 1.0 - float(b2) ** t))
             denom_v = vhat_new * scalar(dtype, 1.0 - float(b2) ** t)
-        denom = np.sqrt(denom_v) / scalar(dtype, bc2_sqrt) + eps
+        denom = convention_sqrt(denom_v, conv, fused_kernel=True) / scalar(
+            dtype, bc2_sqrt) + eps
         param_new = param + (scalar(dtype, -step_size) * m_new) / denom
         return param_new, m_new, v_new, vhat_new
-    # optax under jit, as XLA:CPU compiles it for a pytree of several arrays: the bias
-    # corrections are folded into one denominator, mu / (bc1 * (sqrt(nu / bc2) + eps))
     bc1 = one - beta_power(dtype, b1, t, conv)
     bc2 = one - beta_power(dtype, b2, t, conv)
+    if conv.optax_jit == "eager":
+        return _adam_optax_eager(param, m_new, v_new, vhat, bc1, bc2, lr, eps, conv,
+                                 weight_decay, eps_root)
+    # optax under jit, as XLA:CPU compiles it for a pytree of several arrays: the bias
+    # corrections are folded into one denominator, mu / (bc1 * (sqrt(nu / bc2) + eps))
     v_hat = v_new / bc2
     if vhat is None:
         vhat_new, denom_v = None, v_hat
@@ -235,8 +244,39 @@ def adam_variant(param, grad, m, v, vhat, *, learning_rate, beta_1, beta_2, epsi
     u = m_new / (bc1 * (np.sqrt(denom_v) + eps))
     if weight_decay is not None:
         u = fma(param, scalar(dtype, weight_decay), u)
-    u = u * scalar(dtype, -float(lr))
-    return param + u, m_new, v_new, vhat_new
+    return (optax_apply(param, u, scalar(dtype, -float(lr)), conv.optax_jit), m_new, v_new,
+            vhat_new)
+
+
+def optax_apply(param, u, neg_lr, mode):
+    """``apply_updates(param, scale(-lr)(u))`` as ``Convention.optax_jit`` ``mode`` rounds it:
+    ``u*(-lr)`` then ``param + that`` (``"update"``, ``"eager"``: apply_updates runs outside
+    jit), or one FMA ``fma(u, -lr, param)`` (``"step"``: XLA fuses apply_updates into the
+    update)."""
+    if mode == "step":
+        return fma(u, neg_lr, param)
+    return param + u * neg_lr
+
+
+def _adam_optax_eager(param, m_new, v_new, vhat, bc1, bc2, lr, eps, conv, weight_decay,
+                      eps_root):
+    """optax's Adam (``scale_by_adam``/``scale_by_amsgrad``, ``add_decayed_weights``,
+    ``scale_by_learning_rate``, ``apply_updates``) with nothing jitted: ``m/bc1``,
+    ``v/bc2``, ``m_hat / (sqrt(v_hat + eps_root) + eps)``, ``u + wd*w``, ``-lr*u``, ``w + u``,
+    each rounded."""
+    dtype = param.dtype
+    m_hat, v_hat = m_new / bc1, v_new / bc2
+    vhat_new = None
+    if vhat is not None:  # optax's amsgrad: the maximum of the bias-corrected nu
+        vhat_new = np.maximum(vhat, v_hat) if conv.amsgrad_maximum == "corrected" \
+            else np.maximum(vhat, v_new)
+        v_hat = vhat_new if conv.amsgrad_maximum == "corrected" else vhat_new / bc2
+    if eps_root:
+        v_hat = v_hat + scalar(dtype, eps_root)
+    u = m_hat / (np.sqrt(v_hat) + eps)
+    if weight_decay is not None:
+        u = u + scalar(dtype, weight_decay) * param
+    return param + scalar(dtype, -float(lr)) * u, m_new, v_new, vhat_new
 
 
 def _adam_scatter(param, grad, m, v, vhat, learning_rate, b1, b2, eps, t, conv):
@@ -266,8 +306,11 @@ def _adam_scatter(param, grad, m, v, vhat, learning_rate, b1, b2, eps, t, conv):
 
 
 def lazy_rows_torch(rows_param, rows_grad, rows_m, rows_v, *, learning_rate, beta_1, beta_2,
-                    epsilon, step):
+                    epsilon, step, convention=None):
     """``torch.optim.SparseAdam`` on the gathered (unique) rows; returns ``(param, m, v)``.
+
+    ``convention``: its ``sqrt`` knob (:func:`refopt.reference.sqrt.convention_sqrt`;
+    SparseAdam has no fused kernel, so ``"torch_fused"`` means MKL's); None: IEEE.
 
     ``dm = (g - m)*(1-b1)``, ``m += dm``; ``dv = (g*g - v)*(1-b2)``, ``v += dv``;
     ``w += f(-step_size) * ((dm + m_old) / (sqrt(dv + v_old) + eps))`` with
@@ -280,7 +323,9 @@ def lazy_rows_torch(rows_param, rows_grad, rows_m, rows_v, *, learning_rate, bet
     dv = (rows_grad * rows_grad - rows_v) * c2
     v_new = rows_v + dv
     numer = dm + rows_m
-    denom = np.sqrt(dv + rows_v) + scalar(dtype, epsilon)
+    root = np.sqrt(dv + rows_v) if convention is None else convention_sqrt(
+        dv + rows_v, convention)
+    denom = root + scalar(dtype, epsilon)
     step_size = float(learning_rate) * math.sqrt(1 - float(beta_2) ** step) / (
         1 - float(beta_1) ** step)
     return rows_param + scalar(dtype, -step_size) * (numer / denom), m_new, v_new
@@ -299,14 +344,28 @@ def l2_torch(grad, param, weight_decay):
 
 
 # ----------------------------------------------------------------------------- SGD
+def sgd_tail(how, array):
+    """How many trailing elements of ``array`` PyTorch's fused SGD kernel computes in its
+    scalar tail under ``sgd_momentum=how``: ``numel % (32 / itemsize)`` for float32/float64
+    under ``"torch_fused"`` (the AVX2 kernel's 8 float32 / 4 float64 lanes; its chunks
+    start on 64-byte boundaries, so only the tensor's last chunk has a tail), else 0."""
+    dtype = np.asarray(array).dtype
+    if how != "torch_fused" or dtype not in (_F32, _F64):
+        return 0
+    return np.asarray(array).size % (32 // dtype.itemsize)
+
+
 def sgd_variant(param, grad, m, *, learning_rate, momentum, nesterov, convention,
                 weight_decay=None, dampening=0.0, step=None):
     """One SGD step under ``convention`` (dense gradient); returns ``(param, m)``.
 
     ``weight_decay``: PyTorch's L2 term ``g = fma(wd, w, g)`` (``grad.add(param,
-    alpha=wd)``), used with ``convention.sgd_momentum == "torch"`` only. ``dampening``
-    (torch only): ``b = fma(1 - dampening, g, b mu)`` (``buf.mul_(mu).add_(g, alpha=1 -
-    dampening)``), except at ``step`` 1, where torch's buffer is a copy of ``g``.
+    alpha=wd)``), used with ``convention.sgd_momentum`` ``"torch"`` or ``"torch_fused"``
+    only. ``dampening`` (torch only): ``b = fma(1 - dampening, g, b mu)`` (``buf.mul_(mu).
+    add_(g, alpha=1 - dampening)``), except at ``step`` 1, where torch's buffer is a copy of
+    ``g``. ``"torch_fused"`` (``SGD(fused=True)``, ``FusedSGDKernel.cpp``): the same, except
+    that the scalar tail (the last ``numel % (32 / itemsize)`` elements of a float32 or
+    float64 tensor, after its whole AVX2 vectors) takes ``b = fma(b, mu, g (1 - dampening))``.
     """
     conv = convention
     dtype = param.dtype
@@ -318,7 +377,7 @@ def sgd_variant(param, grad, m, *, learning_rate, momentum, nesterov, convention
         if nesterov:
             return param - (grad * lr + acc * mu * lr), acc
         return param - acc * lr, acc
-    if how == "torch":
+    if how in ("torch", "torch_fused"):
         if weight_decay:
             grad = fma(scalar(dtype, weight_decay), param, grad)
         mu = scalar(dtype, momentum)
@@ -326,16 +385,27 @@ def sgd_variant(param, grad, m, *, learning_rate, momentum, nesterov, convention
             if step == 1:  # torch: the buffer starts as a copy of the gradient
                 buf = m * mu + grad
             else:
-                buf = fma(scalar(dtype, 1.0 - float(dampening)), grad, m * mu)
+                undamped = scalar(dtype, 1.0 - float(dampening))
+                buf = fma(undamped, grad, m * mu)
+                tail = sgd_tail(how, buf)
+                if tail:  # the fused kernel's scalar tail, contracted the other way round
+                    flat, mf, gf = buf.reshape(-1), m.reshape(-1), grad.reshape(-1)
+                    flat[-tail:] = fma(mf[-tail:], mu, gf[-tail:] * undamped)
             direction = fma(mu, buf, grad) if nesterov else buf
         else:
             buf, direction = m, grad
         return fma(scalar(dtype, -float(learning_rate)), direction, param), buf
-    # optax: trace t = g + mu*t (one FMA under jit), update -lr*t, then p + u
+    # optax: trace t = g + mu*t (one FMA under jit), update -lr*t, then p + u (one FMA
+    # when the whole step is jitted; every operation rounded when nothing is)
     mu = scalar(dtype, momentum)
+    neg_lr = scalar(dtype, -float(learning_rate))
+    if conv.optax_jit == "eager":
+        tr = grad + mu * m
+        step = grad + mu * tr if nesterov else tr
+        return param + neg_lr * step, tr
     tr = fma(mu, m, grad)
     step = fma(mu, tr, grad) if nesterov else tr
-    return param + scalar(dtype, -float(learning_rate)) * step, tr
+    return optax_apply(param, step, neg_lr, conv.optax_jit), tr
 
 
 # ----------------------------------------------------------------------------- clipping
@@ -396,6 +466,10 @@ def clip_global_norm_variant(grads, clip_norm, convention):
         c = scalar(dtype, clip_norm)
         if total < c:
             return list(grads)
+        if convention.optax_jit == "eager":  # eager XLA divides by a scalar as * (1/N)
+            return [None if g is None else _rewrap(
+                g, (_values(g) * (_values(g).dtype.type(1) / _values(g).dtype.type(total)))
+                * _values(g).dtype.type(c)) for g in grads]
         return [None if g is None else _rewrap(
             g, (_values(g) / _values(g).dtype.type(total)) * _values(g).dtype.type(c))
             for g in grads]

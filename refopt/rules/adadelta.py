@@ -30,9 +30,10 @@ import numpy as np
 from numba.extending import register_jitable
 
 from refopt.rules import Rule, RuleCall, flags, scalars
+from refopt.rules.adam import OPTAX_JIT, optax_apply
 from refopt.rules.ops import add, div, fma, mul, rsqrt, sqrt, sub
 
-F_FORM = 0
+F_FORM, F_OPTAX_JIT = 0, 1
 S_LR, S_RHO, S_C, S_EPS, S_NEG_LR = range(5)
 
 #: The element's forms, by name.
@@ -67,10 +68,15 @@ def adadelta_element(p, g, eg, ex, sc, fl, tail):
         d = mul(div(sqrt(add(ex, eps)), sqrt(add(eg, eps))), g)
         ex = fma(mul(c, d), d, mul(ex, rho))
         return fma(sc[S_NEG_LR], d, p), eg, ex
+    if fl[F_OPTAX_JIT] == 1:  # optax eager: each operation rounded, a true division
+        eg = add(mul(c, mul(g, g)), mul(rho, eg))
+        u = mul(div(sqrt(add(ex, eps)), sqrt(add(eg, eps))), g)
+        ex = add(mul(c, mul(u, u)), mul(rho, ex))
+        return add(p, mul(sc[S_NEG_LR], u)), eg, ex
     eg = fma(c, mul(g, g), mul(rho, eg))
     u = mul(mul(sqrt(add(ex, eps)), rsqrt(add(eg, eps))), g)
     ex = fma(rho, ex, mul(c, mul(u, u)))
-    return add(p, mul(sc[S_NEG_LR], u)), eg, ex
+    return optax_apply(p, u, sc[S_NEG_LR], fl[F_OPTAX_JIT]), eg, ex
 
 
 ADADELTA = Rule("adadelta", adadelta_element, ("accumulated_grad", "accumulated_delta"))
@@ -102,7 +108,8 @@ def adadelta_call(dtype, conv, *, learning_rate, rho, epsilon):
                 sc[S_LR] = lr_cast(dtype, learning_rate)
             else:
                 sc[S_NEG_LR] = scalar(dtype, -float(learning_rate))
-    return RuleCall(ADADELTA, scalars(dtype, sc), flags([form]))
+    jit = OPTAX_JIT[conv.optax_jit] if form == FORMS["optax"] else 0
+    return RuleCall(ADADELTA, scalars(dtype, sc), flags([form, jit]))
 
 
 def pure_update(apply, param, grad, accumulated_grad, accumulated_delta, *, learning_rate,
@@ -114,6 +121,11 @@ def pure_update(apply, param, grad, accumulated_grad, accumulated_delta, *, lear
     branch by the reference); returns an ``AdadeltaResult``."""
     from refopt.indexed_slices import IndexedSlices
     from refopt.reference import adadelta as ref
+    from refopt.reference.sqrt import needs_reference
+
+    if needs_reference(convention):  # MKL's root (the `sqrt` knob): not in the rule
+        return ref.adadelta_update(param, grad, accumulated_grad, accumulated_delta,
+            learning_rate=learning_rate, rho=rho, epsilon=epsilon, convention=convention)
 
     param, grad, accumulated_grad, accumulated_delta, form = ref.check_adadelta_args(
         param, grad, accumulated_grad, accumulated_delta, learning_rate=learning_rate,

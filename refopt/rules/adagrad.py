@@ -30,7 +30,7 @@ from numba.extending import register_jitable
 from refopt.rules import Rule, RuleCall, flags, scalars
 from refopt.rules.ops import add, div, fma, mul, rsqrt, sqrt, sub
 
-F_FORM = 0
+F_FORM, F_EAGER = 0, 1
 S_LR, S_EPS_IN, S_EPS_OUT, S_NEG_LR, S_EPS, S_ZERO = range(6)
 
 #: The element's forms, by name.
@@ -54,7 +54,7 @@ def adagrad_element(p, g, acc, sc, fl, tail):
     if form == 3:
         acc = add(acc, mul(g, g))
         return fma(sc[S_NEG_LR], div(g, add(sqrt(acc), sc[S_EPS])), p), acc
-    acc = fma(g, g, acc)
+    acc = add(mul(g, g), acc) if fl[F_EAGER] != 0 else fma(g, g, acc)  # optax eager: no FMA
     s = rsqrt(add(acc, sc[S_EPS])) if acc > 0 else sc[S_ZERO]
     return add(p, mul(sc[S_NEG_LR], mul(s, g))), acc
 
@@ -95,7 +95,8 @@ def adagrad_call(dtype, conv, *, learning_rate, epsilon, lr_decay=0.0, step=1,
                 learning_rate = _torch_lr(learning_rate, lr_decay, step)
             sc[S_NEG_LR] = scalar(dtype, -float(learning_rate))
             sc[S_EPS] = scalar(dtype, epsilon)
-    return RuleCall(ADAGRAD, scalars(dtype, sc), flags([form]))
+    eager = form == FORMS["optax"] and conv.optax_jit == "eager"
+    return RuleCall(ADAGRAD, scalars(dtype, sc), flags([form, eager]))
 
 
 def pure_update(apply, param, grad, accumulator, *, learning_rate, epsilon, convention,
@@ -106,6 +107,14 @@ def pure_update(apply, param, grad, accumulator, *, learning_rate, epsilon, conv
     gathered rows, as the reference); returns an ``AdagradResult``."""
     from refopt.indexed_slices import IndexedSlices
     from refopt.reference import adagrad as ref
+    from refopt.reference.sqrt import needs_reference, takes_mkl_sqrt
+
+    # MKL's root (the `sqrt` knob; a dense step under "torch_fused" takes IEEE's): not in
+    # the rule
+    if needs_reference(convention) and (isinstance(grad, IndexedSlices) or takes_mkl_sqrt(
+            ref._convention(convention), fused_kernel=True)):
+        return ref.adagrad_update(param, grad, accumulator, learning_rate=learning_rate,
+            epsilon=epsilon, convention=convention, lr_decay=lr_decay, step=step)
 
     param, grad, accumulator, form = ref.check_adagrad_args(
         param, grad, accumulator, learning_rate=learning_rate, epsilon=epsilon,

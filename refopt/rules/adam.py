@@ -36,7 +36,7 @@ from numba.extending import register_jitable
 from refopt.rules.ops import add, div, fma, maximum, mul, sqrt, sub
 
 # flags
-F_FORM, F_MOMENTS, F_LERP_LOW, F_AMS_CORRECTED, F_OPTAX_WD = range(5)
+F_FORM, F_MOMENTS, F_LERP_LOW, F_AMS_CORRECTED, F_OPTAX_WD, F_OPTAX_JIT = range(6)
 # scalars
 (S_ALPHA, S_C1, S_C2, S_B1, S_B2, S_EPS, S_W1, S_BC2, S_BC2_SQRT, S_NEG_STEP, S_BC1,
  S_NEG_LR, S_WD, S_EPS_ROOT) = range(14)
@@ -83,10 +83,24 @@ def step_torch(p, m, den, sc):
 def step_optax(p, m, den, sc, fl):
     """``u = m / (bc1 (sqrt(den + eps_root) + eps))``, ``u = fma(p, wd, u)`` for adamw,
     ``p + u (-lr)``. ``eps_root`` is 0 unless set (``den >= +0``: adding +0 changes no bit)."""
+    if fl[F_OPTAX_JIT] == 1:  # eager: m/bc1 / (sqrt(den + eps_root) + eps), u + wd*p, -lr*u
+        u = div(div(m, sc[S_BC1]), add(sqrt(add(den, sc[S_EPS_ROOT])), sc[S_EPS]))
+        if fl[F_OPTAX_WD] != 0:
+            u = add(u, mul(sc[S_WD], p))
+        return add(p, mul(sc[S_NEG_LR], u))
     u = div(m, mul(sc[S_BC1], add(sqrt(add(den, sc[S_EPS_ROOT])), sc[S_EPS])))
     if fl[F_OPTAX_WD] != 0:
         u = fma(p, sc[S_WD], u)
-    return add(p, mul(u, sc[S_NEG_LR]))
+    return optax_apply(p, u, sc[S_NEG_LR], fl[F_OPTAX_JIT])
+
+
+@register_jitable
+def optax_apply(p, u, neg_lr, mode):
+    """``apply_updates(p, -lr*u)``: ``p + u*(-lr)`` (``mode`` 0 ``jit(update)``, 1 eager)
+    or one FMA ``fma(u, -lr, p)`` (2: the whole step under ``jit``)."""
+    if mode == 2:
+        return fma(u, neg_lr, p)
+    return add(p, mul(u, neg_lr))
 
 
 @register_jitable
@@ -176,7 +190,10 @@ SPARSE_ADAM = Rule("sparse_adam", sparse_adam_element, ("m", "v"))
 ADAM_TABLE = Rule("adam_table", adam_table_element, ("m", "v"))
 AMSGRAD_TABLE = Rule("amsgrad_table", amsgrad_table_element, ("m", "v", "vhat"))
 
-_MOMENTS = {"keras": 0, "ema": 1, "torch_fma": 2, "optax_fma": 3}
+# "torch_loop" (PyTorch's for-loop path) is form 2 without the fused kernel's scalar tail
+#: ``Convention.optax_jit`` -> the ``F_OPTAX_JIT`` flag (read by the optax forms only)
+OPTAX_JIT = {"update": 0, "eager": 1, "step": 2}
+_MOMENTS = {"keras": 0, "ema": 1, "torch_fma": 2, "torch_loop": 2, "optax_fma": 3}
 
 
 def adam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step, amsgrad,
@@ -282,6 +299,8 @@ def _adam_static(dtype, conv, beta_1, beta_2, epsilon, amsgrad, optax_weight_dec
         if eps_root:
             sc[S_EPS_ROOT] = V.scalar(dtype, eps_root)
     moments_form = _MOMENTS[conv.moment_update]
+    if moments_form == 3 and conv.optax_jit == "eager":
+        moments_form = 1  # optax eager: (1-b)*g + b*m rounded op by op, as "ema" (same bits)
     lerp_low = abs(float(sc[S_C1])) < 0.5
     if conv.epsilon_placement == "hat":
         form = 0
@@ -290,8 +309,9 @@ def _adam_static(dtype, conv, beta_1, beta_2, epsilon, amsgrad, optax_weight_dec
     else:
         form = 2
     fl = [form, moments_form, lerp_low, conv.amsgrad_maximum == "corrected",
-          optax_weight_decay is not None]
-    lanes = 32 // dtype.itemsize if moments_form == 2 and dtype.itemsize in (4, 8) else 0
+          optax_weight_decay is not None, OPTAX_JIT[conv.optax_jit]]
+    lanes = 32 // dtype.itemsize if (conv.moment_update == "torch_fma"
+                                     and dtype.itemsize in (4, 8)) else 0
     from refopt.reference._common import tf_cast
 
     bases = (tf_cast(dtype, beta_1), tf_cast(dtype, beta_2))  # tf.pow's operands

@@ -32,9 +32,10 @@ import numpy as np
 from numba.extending import register_jitable
 
 from refopt.rules import Rule, RuleCall, flags, scalars
+from refopt.rules.adam import OPTAX_JIT, optax_apply
 from refopt.rules.ops import add, div, fma, maximum, mul, sub
 
-F_FORM, F_LERP_HIGH = 0, 1
+F_FORM, F_LERP_HIGH, F_OPTAX_JIT = 0, 1, 2
 S_LR, S_C1, S_B1, S_B2, S_EPS, S_BC1, S_SCALE, S_ZERO = range(8)
 
 #: The element's forms, by name.
@@ -83,9 +84,13 @@ def adamax_element(p, g, m, u, sc, fl, tail):
         u = maximum(mul(u, sc[S_B2]), add(_abs(g, zero), sc[S_EPS]))
         return add(p, div(mul(sc[S_SCALE], m), u)), m, u
     # optax: S_SCALE holds -lr
+    if fl[F_OPTAX_JIT] == 1:  # eager: each operation rounded
+        m = add(mul(sc[S_C1], g), mul(sc[S_B1], m))
+        u = maximum(add(_abs(g, zero), sc[S_EPS]), mul(sc[S_B2], u))
+        return add(p, mul(sc[S_SCALE], div(div(m, sc[S_BC1]), u))), m, u
     m = fma(sc[S_C1], g, mul(sc[S_B1], m))
     u = maximum(add(_abs(g, zero), sc[S_EPS]), mul(sc[S_B2], u))
-    return add(p, mul(div(m, mul(sc[S_BC1], u)), sc[S_SCALE])), m, u
+    return optax_apply(p, div(m, mul(sc[S_BC1], u)), sc[S_SCALE], fl[F_OPTAX_JIT]), m, u
 
 
 ADAMAX = Rule("adamax", adamax_element, ("m", "u"))
@@ -125,7 +130,8 @@ def adamax_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step=1,
             form = FORMS["optax"]
             sc[S_C1], sc[S_B1], sc[S_B2], sc[S_EPS], sc[S_BC1], sc[S_SCALE] = (
                 s["c1"], s["b1"], s["b2"], s["eps"], s["bc1"], s["neg_lr"])
-    return RuleCall(ADAMAX, scalars(dtype, sc), flags([form, high]))
+    jit = OPTAX_JIT[conv.optax_jit] if form == FORMS["optax"] else 0
+    return RuleCall(ADAMAX, scalars(dtype, sc), flags([form, high, jit]))
 
 
 def pure_update(apply, param, grad, m, u, *, learning_rate, beta_1, beta_2, epsilon, step,

@@ -22,9 +22,10 @@ import numpy as np
 from numba.extending import register_jitable
 
 from refopt.rules import Rule, RuleCall, flags, scalars
+from refopt.rules.adam import OPTAX_JIT, optax_apply
 from refopt.rules.ops import add, fma, mul, sub
 
-F_FORM, F_WD = 0, 1
+F_FORM, F_WD, F_OPTAX_JIT = 0, 1, 2
 S_LR, S_B1, S_C1, S_B2, S_C2, S_NEG_LR, S_WD, S_ONE, S_MONE, S_ZERO = range(10)
 
 #: The element's forms, by name.
@@ -45,17 +46,23 @@ def lion_element(p, g, m, sc, fl, tail):
         else:
             u = x  # NaN
         return sub(p, mul(sc[S_LR], u)), add(mul(m, sc[S_B2]), mul(g, sc[S_C2]))
-    x = fma(sc[S_C1], g, mul(sc[S_B1], m))
+    eager = fl[F_OPTAX_JIT] == 1  # optax eager: each operation rounded, no FMA
+    x = add(mul(sc[S_C1], g), mul(sc[S_B1], m)) if eager else fma(sc[S_C1], g, mul(sc[S_B1], m))
     if x > 0:
         u = sc[S_ONE]
     elif x < 0:
         u = sc[S_MONE]
     else:
         u = x  # XLA's sign keeps a zero's sign and a NaN
+    if eager:
+        m = add(mul(sc[S_C2], g), mul(sc[S_B2], m))
+        if fl[F_WD] != 0:
+            u = add(u, mul(sc[S_WD], p))
+        return add(p, mul(sc[S_NEG_LR], u)), m
     m = fma(sc[S_C2], g, mul(sc[S_B2], m))
     if fl[F_WD] != 0:
         u = fma(sc[S_WD], p, u)
-    return add(p, mul(sc[S_NEG_LR], u)), m
+    return optax_apply(p, u, sc[S_NEG_LR], fl[F_OPTAX_JIT]), m
 
 
 LION = Rule("lion", lion_element, ("m",))
@@ -88,7 +95,8 @@ def lion_call(dtype, conv, *, learning_rate, beta_1, beta_2, optax_weight_decay=
             if optax_weight_decay is not None and optax_weight_decay != 0:
                 wd = 1
                 sc[S_WD] = scalar(dtype, optax_weight_decay)
-    return RuleCall(LION, scalars(dtype, sc), flags([form, wd]))
+    jit = OPTAX_JIT[_convention(conv).optax_jit] if form == FORMS["optax"] else 0
+    return RuleCall(LION, scalars(dtype, sc), flags([form, wd, jit]))
 
 
 def pure_update(apply, param, grad, m, *, learning_rate, beta_1, beta_2, convention,

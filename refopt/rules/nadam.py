@@ -27,9 +27,10 @@ import numpy as np
 from numba.extending import register_jitable
 
 from refopt.rules import Rule, RuleCall, flags, scalars
+from refopt.rules.adam import OPTAX_JIT, optax_apply
 from refopt.rules.ops import add, div, fma, mul, sqrt, sub
 
-F_FORM, F_LERP_HIGH, F_OPTAX_WD = 0, 1, 2
+F_FORM, F_LERP_HIGH, F_OPTAX_WD, F_OPTAX_JIT = 0, 1, 2, 3
 (S_LR, S_EPS, S_C1, S_C2, S_B1, S_B2, S_OMU, S_MU1, S_OMP, S_OMP1, S_DEN2, S_CG, S_CM,
  S_W1, S_EPS_ROOT, S_WD) = range(16)
 # optax reuses: S_LR = -lr, S_DEN2 = B2 (1 - b2^t), S_CG = B1 (1 - b1^t), S_CM = B1' (t + 1)
@@ -65,6 +66,14 @@ def nadam_element(p, g, m, v, sc, fl, tail):
         den = add(sqrt(div(v, sc[S_DEN2])), sc[S_EPS])
         p = add(p, div(mul(sc[S_CG], g), den))
         return add(p, div(mul(sc[S_CM], m), den)), m, v
+    if fl[F_OPTAX_JIT] == 1:  # optax eager: each operation rounded, no FMA
+        m = add(mul(sc[S_C1], g), mul(sc[S_B1], m))
+        v = add(mul(sc[S_C2], mul(g, g)), mul(sc[S_B2], v))
+        m_hat = add(mul(sc[S_B1], div(m, sc[S_CM])), mul(sc[S_C1], div(g, sc[S_CG])))
+        u = div(m_hat, add(sqrt(add(div(v, sc[S_DEN2]), sc[S_EPS_ROOT])), sc[S_EPS]))
+        if fl[F_OPTAX_WD] != 0:
+            u = add(u, mul(sc[S_WD], p))
+        return add(p, mul(sc[S_LR], u)), m, v
     m = fma(sc[S_C1], g, mul(sc[S_B1], m))
     v = fma(sc[S_C2], mul(g, g), mul(sc[S_B2], v))
     m_hat = fma(div(m, sc[S_CM]), sc[S_B1], mul(div(g, sc[S_CG]), sc[S_C1]))
@@ -72,7 +81,7 @@ def nadam_element(p, g, m, v, sc, fl, tail):
     u = div(m_hat, add(sqrt(add(div(v, sc[S_DEN2]), sc[S_EPS_ROOT])), sc[S_EPS]))
     if fl[F_OPTAX_WD] != 0:  # optax.adamw(nesterov=True): add_decayed_weights, one FMA
         u = fma(p, sc[S_WD], u)
-    return add(p, mul(u, sc[S_LR])), m, v
+    return optax_apply(p, u, sc[S_LR], fl[F_OPTAX_JIT]), m, v
 
 
 NADAM = Rule("nadam", nadam_element, ("m", "v"))
@@ -134,7 +143,8 @@ def nadam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step,
                 sc[S_OMP], sc[S_OMP1] = one - sch.product, one - sch.product_next
                 sc[S_DEN2] = one - _libm.power(dtype, b2, scalar(dtype, step))
     wd = int(form == FORMS["optax"] and optax_weight_decay is not None)
-    return RuleCall(NADAM, scalars(dtype, sc), flags([form, high, wd]))
+    jit = OPTAX_JIT[conv.optax_jit] if form == FORMS["optax"] else 0
+    return RuleCall(NADAM, scalars(dtype, sc), flags([form, high, wd, jit]))
 
 
 def pure_update(apply, param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, step,
@@ -146,6 +156,13 @@ def pure_update(apply, param, grad, m, v, *, learning_rate, beta_1, beta_2, epsi
     knob, by the rule); returns a ``NadamResult``."""
     from refopt.indexed_slices import IndexedSlices
     from refopt.reference import nadam as ref
+    from refopt.reference.sqrt import needs_reference
+
+    if needs_reference(convention):  # MKL's root (the `sqrt` knob): not in the rule
+        return ref.nadam_update(param, grad, m, v, learning_rate=learning_rate,
+            beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, step=step,
+            convention=convention, momentum_decay=momentum_decay,
+            product_dtype=product_dtype, eps_root=eps_root)
 
     kw = dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
               step=step, momentum_decay=momentum_decay)

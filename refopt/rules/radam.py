@@ -22,9 +22,10 @@ import numpy as np
 from numba.extending import register_jitable
 
 from refopt.rules import Rule, RuleCall, flags, scalars
+from refopt.rules.adam import OPTAX_JIT, optax_apply
 from refopt.rules.ops import add, div, fma, mul, sqrt, sub
 
-F_FORM, F_RECT, F_LERP_LOW = 0, 1, 2
+F_FORM, F_RECT, F_LERP_LOW, F_OPTAX_JIT = 0, 1, 2, 3
 (S_C1, S_W1, S_B1, S_C2, S_B2, S_BC1, S_BC2, S_LR, S_NEG_LR, S_EPS, S_EPS_ROOT,
  S_BC2_SQRT, S_RECT, S_ONE) = range(14)
 
@@ -47,13 +48,17 @@ def radam_element(p, g, m, v, sc, fl, tail):
             adaptive = mul(div(sc[S_ONE], add(sqrt(v), sc[S_EPS])), sc[S_BC2_SQRT])
             return sub(p, mul(mul(mul(mh, sc[S_LR]), adaptive), sc[S_RECT])), m, v
         return sub(p, mul(mh, sc[S_LR])), m, v
-    m = fma(sc[S_C1], g, mul(sc[S_B1], m))
-    v = fma(sc[S_C2], mul(g, g), mul(sc[S_B2], v))
+    if fl[F_OPTAX_JIT] == 1:  # optax eager: each operation rounded, no FMA
+        m = add(mul(sc[S_C1], g), mul(sc[S_B1], m))
+        v = add(mul(sc[S_C2], mul(g, g)), mul(sc[S_B2], v))
+    else:
+        m = fma(sc[S_C1], g, mul(sc[S_B1], m))
+        v = fma(sc[S_C2], mul(g, g), mul(sc[S_B2], v))
     u = div(m, sc[S_BC1])
     if fl[F_RECT] != 0:
         den = add(sqrt(add(div(v, sc[S_BC2]), sc[S_EPS_ROOT])), sc[S_EPS])
         u = div(mul(sc[S_RECT], u), den)
-    return add(p, mul(sc[S_NEG_LR], u)), m, v
+    return optax_apply(p, u, sc[S_NEG_LR], fl[F_OPTAX_JIT]), m, v
 
 
 RADAM = Rule("radam", radam_element, ("m", "v"))
@@ -95,7 +100,8 @@ def radam_call(dtype, conv, *, learning_rate, beta_1, beta_2, epsilon, step,
             sc[S_EPS], sc[S_EPS_ROOT] = scalar(dtype, epsilon), scalar(dtype, epsilon_root)
             sc[S_NEG_LR] = scalar(dtype, -float(learning_rate))
             lerp_low = False
-    return RuleCall(RADAM, scalars(dtype, sc), flags([form, s["rectified"], lerp_low]))
+    jit = OPTAX_JIT[_convention(conv).optax_jit] if form == FORMS["optax"] else 0
+    return RuleCall(RADAM, scalars(dtype, sc), flags([form, s["rectified"], lerp_low, jit]))
 
 
 def pure_update(apply, param, grad, m, v, *, learning_rate, beta_1, beta_2, epsilon, step,
@@ -104,6 +110,12 @@ def pure_update(apply, param, grad, m, v, *, learning_rate, beta_1, beta_2, epsi
     ``apply(call, param, grad, slots) -> (param, slots)`` (the CPU and CUDA pure functions):
     the reference's own argument checks, then one rule step; returns a ``RAdamResult``."""
     from refopt.reference import radam as ref
+    from refopt.reference.sqrt import needs_reference
+
+    if needs_reference(convention):  # MKL's root (the `sqrt` knob): not in the rule
+        return ref.radam_update(param, grad, m, v, learning_rate=learning_rate,
+            beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, step=step,
+            convention=convention, epsilon_root=epsilon_root, threshold=threshold)
 
     kw = dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
               step=step, epsilon_root=epsilon_root, threshold=threshold)

@@ -15,9 +15,10 @@ import numpy as np
 from numba.extending import register_jitable
 
 from refopt.rules import Rule, RuleCall, flags, scalars
+from refopt.rules.adam import OPTAX_JIT, optax_apply
 from refopt.rules.ops import add, div, fma, mul, rsqrt, sqrt, sub
 
-F_FORM, F_CENTERED, F_MOMENTUM, F_EPS_IN_SQRT, F_LERP_LOW = range(5)
+F_FORM, F_CENTERED, F_MOMENTUM, F_EPS_IN_SQRT, F_LERP_LOW, F_OPTAX_JIT = range(6)
 S_LR, S_RHO, S_C, S_EPS, S_MU, S_NEG_LR, S_C1M, S_ZERO, S_ONE = range(9)
 
 _FORMS = {"tf_keras": 0, "keras3": 1, "kernel": 2, "keras2": 3, "torch": 4, "optax": 5}
@@ -80,21 +81,29 @@ def rms_core(p, g, v, b, a, sc, fl):
             b = add(mul(b, sc[S_MU]), div(g, den))
             return fma(sc[S_NEG_LR], b, p), v, b, a
         return add(p, div(mul(sc[S_NEG_LR], g), den)), v, b, a
-    v = fma(c, mul(g, g), mul(sc[S_RHO], v))
+    jit = fl[F_OPTAX_JIT]  # optax: 0 jit(update), 1 eager (no FMA), 2 whole step jitted
+    if jit == 1:
+        v = add(mul(c, mul(g, g)), mul(sc[S_RHO], v))
+    else:
+        v = fma(c, mul(g, g), mul(sc[S_RHO], v))
     if centered:
-        a = fma(c, g, mul(sc[S_RHO], a))
-        second = fma(-a, a, v)
+        if jit == 1:
+            a = add(mul(c, g), mul(sc[S_RHO], a))
+            second = sub(v, mul(a, a))
+        else:
+            a = fma(c, g, mul(sc[S_RHO], a))
+            second = fma(-a, a, v)
     else:
         second = v
     if fl[F_EPS_IN_SQRT] != 0:
         s = rsqrt(add(second, eps))
     else:
         s = div(sc[S_ONE], add(sqrt(second), eps))
+    if not has_mom:
+        return optax_apply(p, mul(s, g), sc[S_NEG_LR], jit), v, b, a
     u = mul(sc[S_NEG_LR], mul(s, g))
-    if has_mom:
-        b = fma(sc[S_MU], b, u)
-        return add(p, b), v, b, a
-    return add(p, u), v, b, a
+    b = add(u, mul(sc[S_MU], b)) if jit == 1 else fma(sc[S_MU], b, u)
+    return add(p, b), v, b, a
 
 
 @register_jitable
@@ -178,7 +187,8 @@ def rmsprop_call(dtype, conv, *, learning_rate, rho, momentum, epsilon, centered
             sc[S_MU] = scalar(dtype, momentum)
             sc[S_NEG_LR] = scalar(dtype, -float(learning_rate))
             sc[S_C1M] = sc[S_C] - scalar(dtype, 1)
-    fl = [form, centered, update_buffer, eps_in_sqrt, abs(float(sc[S_C])) < 0.5]
+    fl = [form, centered, update_buffer, eps_in_sqrt, abs(float(sc[S_C])) < 0.5,
+          OPTAX_JIT[conv.optax_jit] if form == _FORMS["optax"] else 0]
     return RuleCall(RULES[(bool(has_buffer), bool(centered))], scalars(dtype, sc), flags(fl))
 
 
@@ -188,6 +198,12 @@ def pure_update(apply, param, grad, velocity, momentum_buf, average_gradient, *,
     ``apply(call, param, grad, slots) -> (param, slots)`` (the CPU and CUDA pure functions):
     the reference's own argument checks, then one rule step; returns an ``RMSpropResult``."""
     from refopt.reference import rmsprop as ref
+    from refopt.reference.sqrt import needs_reference
+
+    if needs_reference(convention):  # MKL's root (the `sqrt` knob): not in the rule
+        return ref.rmsprop_update(param, grad, velocity, momentum_buf, average_gradient,
+            learning_rate=learning_rate, rho=rho, momentum=momentum, epsilon=epsilon,
+            centered=centered, convention=convention, eps_in_sqrt=eps_in_sqrt)
 
     param, grad, velocity, momentum_buf, average_gradient, form = ref.check_rmsprop_args(
         param, grad, velocity, momentum_buf, average_gradient, learning_rate=learning_rate,

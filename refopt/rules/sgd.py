@@ -5,7 +5,9 @@ m mu)`` with the new ``m``); 1 TF1's ``MomentumOptimizer`` ``a = a mu + g; p - a
 (Nesterov ``p - (g lr + a mu lr)``); 2 PyTorch's ``b = fma(1 - dampening, g, b mu)`` (no
 momentum: ``b`` kept, the step is ``g``; ``1 - dampening`` is 1 on a variable's first step,
 where torch's buffer starts as ``g``), ``p = fma(-lr, step, p)`` with the Nesterov step
-``fma(mu, b, g)``;
+``fma(mu, b, g)``; ``SGD(fused=True)`` (convention knob ``sgd_momentum="torch_fused"``) is
+form 2 with ``b = fma(b, mu, g (1 - dampening))`` on its scalar tail (``tail``: the last
+``numel % (32 / itemsize)`` elements of a float32/float64 tensor, :attr:`RuleCall.tail_lanes`);
 3 optax's trace ``t = fma(mu, t, g)``, ``p + (-lr) step`` with the Nesterov step
 ``fma(mu, t, g)``. ``F_NESTEROV``, ``F_MOMENTUM`` (momentum != 0, PyTorch only).
 
@@ -20,9 +22,10 @@ import numpy as np
 from refopt.rules import Rule, RuleCall, flags, scalars
 from numba.extending import register_jitable
 
+from refopt.rules.adam import OPTAX_JIT, optax_apply
 from refopt.rules.ops import add, fma, mul, sub
 
-F_FORM, F_NESTEROV, F_MOMENTUM = range(3)
+F_FORM, F_NESTEROV, F_MOMENTUM, F_OPTAX_JIT = range(4)
 S_LR, S_MU, S_NEG_LR, S_UNDAMPED = range(4)
 
 
@@ -47,12 +50,19 @@ def sgd_element(p, g, m, sc, fl, tail):
     if form == 2:
         step = g
         if fl[F_MOMENTUM] != 0:
-            m = fma(sc[S_UNDAMPED], g, mul(m, mu))  # add_(g, alpha=1 - dampening): one FMA
+            if tail:  # SGD(fused=True)'s scalar tail: contracted the other way round
+                m = fma(m, mu, mul(g, sc[S_UNDAMPED]))
+            else:  # add_(g, alpha=1 - dampening): one FMA
+                m = fma(sc[S_UNDAMPED], g, mul(m, mu))
             step = fma(mu, m, g) if nesterov else m
         return fma(sc[S_NEG_LR], step, p), m
+    if fl[F_OPTAX_JIT] == 1:  # optax eager: g + mu*t, -lr*t, p + u, each rounded
+        m = add(g, mul(mu, m))
+        step = add(g, mul(mu, m)) if nesterov else m
+        return add(p, mul(sc[S_NEG_LR], step)), m
     m = fma(mu, m, g)
     step = fma(mu, m, g) if nesterov else m
-    return add(p, mul(sc[S_NEG_LR], step)), m
+    return optax_apply(p, step, sc[S_NEG_LR], fl[F_OPTAX_JIT]), m
 
 
 @register_jitable
@@ -78,7 +88,7 @@ SGD = Rule("sgd", sgd_element, ("m",))
 #: path of :func:`refopt.reference.sgd_update`.
 SGD_TABLE = Rule("sgd_table", sgd_table_element, ("m",))
 
-_FORMS = {"keras": 0, "tf1": 1, "torch": 2, "optax": 3}
+_FORMS = {"keras": 0, "tf1": 1, "torch": 2, "torch_fused": 2, "optax": 3}
 
 
 def sgd_call(dtype, conv, *, learning_rate, momentum, nesterov, dampening=0.0, step=None):
@@ -94,8 +104,12 @@ def sgd_call(dtype, conv, *, learning_rate, momentum, nesterov, dampening=0.0, s
         lr, mu = scalar(dtype, learning_rate), scalar(dtype, momentum)
     neg_lr = scalar(dtype, -float(learning_rate))
     undamped = scalar(dtype, 1.0 if step == 1 else 1.0 - float(dampening))
+    # the fused kernel's scalar tail (AVX2 lanes); on step 1 both forms give b = g
+    lanes = (32 // dtype.itemsize if conv.sgd_momentum == "torch_fused" and momentum != 0
+             and dtype.itemsize in (4, 8) else 0)
     return RuleCall(SGD, scalars(dtype, [lr, mu, neg_lr, undamped]),
-                    flags([form, nesterov, momentum != 0]))
+                    flags([form, nesterov, momentum != 0,
+                           OPTAX_JIT[conv.optax_jit] if form == 3 else 0]), lanes)
 
 
 def tf_keras_call(dtype, *, learning_rate, momentum, nesterov, table=False):

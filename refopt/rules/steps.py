@@ -12,6 +12,8 @@ per-tensor scale):
 2      ``(g c) / d`` (TF's ``clip_by_norm``: ``d = max(norm, c)``)
 3      ``g s`` (TF's global norm scale; PyTorch's clamped coefficient)
 4      ``(g / d) c`` (optax: ``d`` the norm, for tensors with ``norm >= c``)
+5      ``(g d) c`` (optax eager, ``Convention.optax_jit="eager"``: ``d = 1/norm``, XLA's
+       reciprocal for a division by a broadcast scalar)
 =====  =============================================================================
 
 Decay modes (``lr`` and ``wd`` in the dtype; ``f`` PyTorch's factor ``dtype(1 - lr wd)``):
@@ -55,6 +57,8 @@ def clip(g, mode, c, d, s):
         return mul(g, s)
     if mode == 4:
         return mul(div(g, d), c)
+    if mode == 5:
+        return mul(mul(g, d), c)
     return g
 
 

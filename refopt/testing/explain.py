@@ -511,11 +511,18 @@ def adam_step_with_slips(param, grad, m, v, vhat, *, learning_rate, beta_1, beta
             denom_v = vhat_new / bc2
         if vhat is None or "amsgrad_max_unused" in slips:
             denom_v = v_hat
-        u = m_new / (bc1 * (np.sqrt(denom_v + eps) if in_root else np.sqrt(denom_v) + eps))
+        root = np.sqrt(denom_v + eps) if in_root else np.sqrt(denom_v) + eps
+        if conv.optax_jit == "eager":  # nothing jitted: (m/bc1) / root, u + wd*w, each rounded
+            u = (m_new / bc1) / root
+            if weight_decay is not None:
+                u = u + scalar(dtype, weight_decay) * param
+            return param + scalar(dtype, -float(lr)) * u, m_new, v_new, vhat_new
+        u = m_new / (bc1 * root)
         if weight_decay is not None:
             u = _variants.fma(param, scalar(dtype, weight_decay), u)
-        u = u * scalar(dtype, -float(lr))
-        return param + u, m_new, v_new, vhat_new
+        # apply_updates: w + u*(-lr), one FMA when the whole step is jitted
+        return (_variants.optax_apply(param, u, scalar(dtype, -float(lr)), conv.optax_jit),
+                m_new, v_new, vhat_new)
 
 
 # =============================================================================== slips

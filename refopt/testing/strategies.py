@@ -305,7 +305,8 @@ def hyperparameters(*, optimizer="Adam", dtype="float32", weight_decay=True,
     ----------
     optimizer : {"Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad"} or type, default "Adam"
         Which optimizer's arguments: Adam family ``learning_rate``, ``beta_1``, ``beta_2``,
-        ``epsilon``, ``amsgrad``; SGD ``learning_rate``, ``momentum``, ``nesterov``; RMSprop
+        ``epsilon``, ``amsgrad``; SGD ``learning_rate``, ``momentum``, ``nesterov`` (and
+        ``dampening`` under PyTorch's SGD, never with Nesterov); RMSprop
         ``learning_rate``, ``rho``, ``momentum``, ``epsilon``, ``centered``; Adagrad
         ``learning_rate``, ``initial_accumulator_value``, ``epsilon``; Adamax ``learning_rate``,
         ``beta_1``, ``beta_2``, ``epsilon``. A subclass of
@@ -331,7 +332,8 @@ def hyperparameters(*, optimizer="Adam", dtype="float32", weight_decay=True,
         moving average (Keras 2, TF1, optax), no ``weight_decay`` where the optimizer has none
         there, TF1's Adagrad without ``epsilon`` and with a starting accumulator > 0. None:
         the optimizer's default convention (``"tf_keras"``; ``"torch"`` for the optimizers
-        only PyTorch has, RAdam, ASGD, Rprop).
+        only PyTorch has, RAdam, ASGD, Rprop). Under PyTorch's conventions ``maximize=True``
+        is drawn too (every optimizer).
 
     Returns
     -------
@@ -461,6 +463,10 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
     elif issubclass(cls, _optimizers.SGD):
         out["momentum"] = draw(st.floats(0.0, 1.0))
         out["nesterov"] = draw(st.booleans())
+        if conv.sgd_momentum in ("torch", "torch_fused") and not out["nesterov"] and draw(st.booleans()):
+            out["dampening"] = draw(st.floats(0.0, 1.0))  # PyTorch's (not with Nesterov)
+    if conv.maximize != "none" and draw(st.booleans()):
+        out["maximize"] = True  # PyTorch's, on every optimizer of its family
     if optimizer == "AdamW":
         out["weight_decay"] = draw(st.floats(0.0, 1.0))
     elif weight_decay and _has_weight_decay(cls, conv) and not issubclass(

@@ -3,9 +3,11 @@
 ``refopt.kernels.cpu`` exposes the same public functions as :mod:`refopt.reference`, with the
 same signatures, the same errors and bit-identical results in float32 and float64 (norms
 within 1 ulp; float16 is computed by the reference, Numba having no float16 arithmetic on the
-CPU). They are pure like the reference (new arrays, inputs untouched), which makes them easy
-to compare; the optimizers with ``backend="cpu"`` call the same kernels in place, fused and
-over all tensors of a dtype at once (see :mod:`refopt.optimizers.base`).
+CPU; the optimizers' fused kernels take float16 and bfloat16 variables computed in float32 as
+uint16 bits, :mod:`refopt.kernels.cpu.halfbits`). They are pure like the reference (new
+arrays, inputs untouched), which makes them easy to compare; the optimizers with
+``backend="cpu"`` call the same kernels in place, fused and over all tensors of a dtype at
+once (see :mod:`refopt.optimizers.base`).
 
 Importing this module imports Numba but compiles nothing: every kernel compiles (or loads
 from Numba's on-disk cache) on its first call for a dtype.

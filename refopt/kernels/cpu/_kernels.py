@@ -87,6 +87,21 @@ def _prefetch_row(T, r):
 
 
 @jit
+def _tuple8(a):
+    # the first 8 entries of an array as a tuple (scalars in registers, never reloaded from
+    # memory a loop writes); shared by every generated driver module, so compiled once per
+    # dtype rather than once per module
+    return (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
+
+
+@jit
+def _tuple16(a):
+    # the first 16 entries of an array as a tuple (see _tuple8)
+    return (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
+            a[13], a[14], a[15])
+
+
+@jit
 def _chunks(cnt):
     """Work items ``(tensor, start)`` of at most CHUNK elements covering every tensor."""
     n = 0

@@ -74,22 +74,11 @@ import numpy as np
 from numba import carray, prange
 
 from refopt.kernels.cpu._kernels import CHUNK, PREFETCH_ROWS, _chunks, _prefetch_row, _ptr
-from refopt.kernels.cpu._kernels import _segment_sums
+from refopt.kernels.cpu._kernels import _segment_sums, _tuple8, _tuple16
 from refopt.kernels.cpu.drivers import jit, pjit
-
-
-@jit
-def _tuple8(a):
-    return (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
-
-
-@jit
-def _tuple16(a):
-    return (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
-            a[13], a[14], a[15])
 from refopt.rules.steps import clip as _clip, decay as _decay, ema as _ema
 from {module} import {element} as _element
-
+{low_header}
 # The rule's flags: a compile-time constant of this kernel (every branch on them folds away,
 # so the loops are straight-line code that vectorises), or None: read from the ``fl``
 # argument at run time (one kernel for every flag set, for the pure functions).
@@ -97,23 +86,23 @@ FL = {flags}
 
 
 @jit
-def _loop(P, G, {slots_args}A, cmode, dmode, emode, c, d, s, ow, psc, sc, fl, tail):
+def _loop(P, G, {slots_args}A, cmode, dmode, emode, c, d, s, ow, psc, sc, fl, tail{K}):
     # P, G, the slots and A are slices of one span: index i in all of them
     for i in range(P.shape[0]):
-        p, g = _decay(P[i], _clip(G[i], cmode, c, d, s), dmode, psc)
+        p, g = _decay({L}P[i]{R}, _clip({L}G[i]{R}, cmode, c, d, s), dmode, psc)
         p, {slot_vals} = _element(p, g, {slot_loads_i}sc, {fl_expr}, tail)
 {slot_stores_i}
         if emode != 0:
-            a = _ema(A[i], p, emode, psc)
-            A[i] = a
+            a = _ema({L}A[i]{R}, p, emode, psc)
+            A[i] = {S}a{R}
             if ow:
                 p = a
-        P[i] = p
+        P[i] = {S}p{R}
 
 
 @jit
 def _span(P, G, {slots_args}A, lo, hi, o, cmode, dmode, emode, tstart, c, d, s, ow, psc, sc,
-          fl):
+          fl{K}):
     # scalars as tuples: values in registers, never reloaded from memory the loop writes
     psc, sc = _tuple8(psc), _tuple16(sc)
     mid = min(max(tstart, lo), hi)
@@ -122,27 +111,27 @@ def _span(P, G, {slots_args}A, lo, hi, o, cmode, dmode, emode, tstart, c, d, s, 
     # the common cases with literal modes (each specialised loop vectorises): no clipping,
     # no EMA, with or without this kernel's decay mode
     if cmode == 0 and emode == 0 and dmode == 0:
-        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, 0, 0, c, d, s, False, psc, sc, fl, False)
+        _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, 0, 0, c, d, s, False, psc, sc, fl, False{K})
     elif cmode == 0 and emode == 0 and dmode == {dmode}:
         _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, 0, {dmode}, 0, c, d, s, False, psc, sc, fl,
-              False)
+              False{K})
     else:
         _loop(P[lo:mid], G[lo:mid], {slices_head}Ah, cmode, dmode, emode, c, d, s, ow, psc, sc, fl,
-              False)
+              False{K})
 {tail_block}
 
 @jit
-def _ema_only(P, A, lo, hi, o, emode, ow, psc):
+def _ema_only(P, A, lo, hi, o, emode, ow, psc{K}):
     psc = _tuple8(psc)
     for i in range(lo, hi):
-        a = _ema(A[o + i], P[i], emode, psc)
-        A[o + i] = a
+        a = _ema({L}A[o + i]{R}, {L}P[i]{R}, emode, psc)
+        A[o + i] = {S}a{R}
         if ow:
-            P[i] = a
+            P[i] = {S}a{R}
 
 
 @pjit
-def dense(paddr, gaddr, seg, cden, cscale, {slots_args}A, dmode, emode, ow, psc, sc, fl):
+def dense(paddr, gaddr, seg, cden, cscale, {slots_args}A, dmode, emode, ow, psc, sc, fl{K}):
     ct, cs = _chunks(seg[:, 1])
     flt = _tuple8(fl)
     c = psc[2]
@@ -152,13 +141,13 @@ def dense(paddr, gaddr, seg, cden, cscale, {slots_args}A, dmode, emode, ow, psc,
         lo = cs[q]
         hi = min(lo + CHUNK, n)
         o = seg[t, 0]
-        P = carray(_ptr(paddr[t], psc), (n,))
+        P = carray(_ptr(paddr[t], {like}), (n,))
         if seg[t, 5] != 0:
-            G = carray(_ptr(gaddr[t], psc), (n,))
+            G = carray(_ptr(gaddr[t], {like}), (n,))
             _span(P, G, {slots_args}A, lo, hi, o, seg[t, 3], dmode if seg[t, 2] != 0 else 0,
-                  emode, seg[t, 4], c, cden[t], cscale[t], ow, psc, sc, flt)
+                  emode, seg[t, 4], c, cden[t], cscale[t], ow, psc, sc, flt{K})
         elif emode != 0:
-            _ema_only(P, A, lo, hi, o, emode, ow, psc)
+            _ema_only(P, A, lo, hi, o, emode, ow, psc{K})
 
 
 @jit
@@ -217,7 +206,7 @@ def table(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
 # The scalar tail of PyTorch's vectorised kernels (only in the kernels of rules that have one).
 _TAIL_BLOCK = '''    if mid < hi:
         _loop(P[mid:hi], G[mid:hi], {slices_tail}At, cmode, dmode, emode, c, d, s, ow, psc, sc,
-              fl, True)
+              fl, True{K})
 '''
 
 _LOCK = threading.Lock()
@@ -259,15 +248,27 @@ def with_serial_twins(text):
     return "".join(out)
 
 
-def source(rule, fl, dmode=0, tail=False):
+def source(rule, fl, dmode=0, tail=False, low=False):
     """The generated driver module's source for ``rule`` with flags ``fl`` (ints), the decay
-    mode its common loop is specialised for and whether a scalar tail exists."""
-    return with_serial_twins(_source(rule, fl, dmode, tail))
+    mode its common loop is specialised for, whether a scalar tail exists and whether its
+    arrays hold float16/bfloat16 bits (``low``, see :func:`kernels`)."""
+    return with_serial_twins(_source(rule, fl, dmode, tail, low))
 
 
-def _source(rule, fl, dmode=0, tail=False):
+#: The header of a low-precision driver module (``kernels(..., low=True)``).
+_LOW_HEADER = """from refopt.kernels.cpu.halfbits import load as _ld, store as _st
+"""
+
+
+def _source(rule, fl, dmode=0, tail=False, low=False):
     k = rule.arity
     names = [f"S{i}" for i in range(k)]
+    # low: every array element is loaded with _ld(x, kind) into float32 and stored with
+    # _st(x, kind), kind (float16 or bfloat16) a trailing argument of dense and its loops
+    lo = {"L": "", "R": "", "S": "", "K": "", "like": "psc", "low_header": ""}
+    if low:
+        lo = {"L": "_ld(", "R": ", kind)", "S": "_st(", "K": ", kind", "like": "A",
+              "low_header": _LOW_HEADER}
     # the element returns (p, s0, ...): unpacked as "p, s0, ..., = " (a rule with no slot
     # returns the 1-tuple (p,): "p, = ")
     slot_vals = "".join(f"s{i}, " for i in range(k))
@@ -277,13 +278,15 @@ def _source(rule, fl, dmode=0, tail=False):
         fl_expr="fl" if fl is None else "FL",
         dmode=int(dmode),
         tail_block=_TAIL_BLOCK.format(
-            slices_tail="".join(f"{n}[o + mid:o + hi], " for n in names)) if tail else "",
+            slices_tail="".join(f"{n}[o + mid:o + hi], " for n in names),
+            K=lo["K"]) if tail else "",
         module=rule.element.__module__,
         element=rule.element.__name__,
         slots_args="".join(f"{n}, " for n in names),
         slot_vals=slot_vals,
-        slot_loads_i="".join(f"{n}[i], " for n in names),
-        slot_stores_i="\n".join(f"        {n}[i] = s{i}" for i, n in enumerate(names)) or "",
+        slot_loads_i="".join(f"{lo['L']}{n}[i]{lo['R']}, " for n in names),
+        slot_stores_i="\n".join(f"        {n}[i] = {lo['S']}s{i}{lo['R']}"
+                                for i, n in enumerate(names)) or "",
         slices_head="".join(f"{n}[o + lo:o + mid], " for n in names),
         slices_tail="".join(f"{n}[o + mid:o + hi], " for n in names),
         row_slot_views="\n".join(f"        R{i} = {n}[r]" for i, n in enumerate(names)) or "",
@@ -292,6 +295,7 @@ def _source(rule, fl, dmode=0, tail=False):
         row_vars="".join(f"R{i}, " for i in range(k)),
         row_slot_loads="".join(f"R{i}[i], " for i in range(k)),
         row_slot_stores="\n".join(f"        R{i}[i] = s{i}" for i in range(k)) or "",
+        **lo,
     )
 
 
@@ -304,6 +308,10 @@ def _digest(rule, text):
     h = hashlib.sha256(text.encode())
     for mod in (sys.modules[__name__], ops, steps, _kernels):
         h.update(inspect.getsource(mod).encode())
+    if "halfbits" in text:  # a low-precision module: its conversions too
+        from refopt.kernels.cpu import halfbits
+
+        h.update(inspect.getsource(halfbits).encode())
     try:  # the rule's module (its helpers too)
         h.update(inspect.getsource(sys.modules[rule.element.__module__]).encode())
     except (OSError, TypeError, KeyError):  # defined interactively: its code object
@@ -328,18 +336,28 @@ def _load(name, text):
     return mod
 
 
-def kernels(rule, fl, dmode=0, tail=False):
+def kernels(rule, fl, dmode=0, tail=False, low=False):
     """The driver module of ``rule`` (``dense``, ``rows``, ``table``) for the flags ``fl``
     (a sequence of ints, the rule call's; ``None``: flags read at run time), the decay mode its common loop is specialised for
     (any mode runs, the others on a general loop) and whether a tail exists (``tail_lanes``);
-    built once per combination, cached on disk."""
-    quick = (id(rule), None if fl is None else bytes(np.asarray(fl, np.int64)), dmode, tail)
+    built once per combination, cached on disk.
+
+    ``low=True``: the module for float16/bfloat16 variables computed in float32. Its
+    ``dense`` takes the uint16 bits of the variables, gradients, slots and EMA buffer (``A``
+    a uint16 array, empty without EMA: it also types the addresses) and a last argument
+    ``kind`` (:data:`refopt.kernels.cpu.halfbits.KIND_F16` or ``KIND_BF16``, one kernel for
+    both); every element is loaded exactly into float32, the rule and the pipeline's steps
+    run in float32 with float32 scalars, and every stored value is rounded once to the
+    format, to nearest even (:mod:`refopt.kernels.cpu.halfbits`). Only ``dense`` is
+    defined for it (``rows`` and ``table`` are not)."""
+    quick = (id(rule), None if fl is None else bytes(np.asarray(fl, np.int64)), dmode, tail,
+             low)
     mod = _QUICK.get(quick)
     if mod is not None and mod._rule is rule:
         return mod
     fl = None if fl is None else tuple(int(f) for f in fl)
     key = (rule.element.__module__, rule.element.__qualname__, rule.arity, fl, int(dmode),
-           bool(tail))
+           bool(tail)) + (("low",) if low else ())
     mod = _BUILT.get(key)
     if mod is not None:
         mod._rule = rule
@@ -349,8 +367,9 @@ def kernels(rule, fl, dmode=0, tail=False):
         mod = _BUILT.get(key)
         if mod is not None:
             return mod
-        text = source(rule, fl, dmode, tail)
+        text = source(rule, fl, dmode, tail, low)
         tag = f"{rule.element.__module__.replace('.', '_')}__{rule.element.__name__}"
+        tag += "_low" if low else ""
         mod = _BUILT[key] = _load(f"refopt_driver_{tag}_{_digest(rule, text)}", text)
         return mod
 

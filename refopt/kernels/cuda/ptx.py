@@ -324,6 +324,10 @@ def rule_variants(dtype=np.float32, rmsprop=False):
         out.setdefault(key, (f"{label}", rc.rule, key[1], dmode, emode, kind))
 
     for name, conv in PRESETS.items():
+        if conv.optax_jit == "step":
+            # "optax_jit_step" compiles "optax"'s branches except the last add, which is
+            # ops.fma (audited in every FMA form); its 16 variants are not compiled again
+            continue
         ema = conv.ema != "none"
         base = dict(convention=name, use_ema=ema)
         add(f"{name} Adam", refopt.Adam(**base))
@@ -486,6 +490,30 @@ REPRESENTATIVE_RULES = ("tf_keras Adam", "tf_keras AdamW AMSGrad", "tf_keras Laz
                         "step clip by norm")
 
 
+def family_rules(dtype=np.float32, rmsprop=False):
+    """One rule variant per family: the first of :func:`rule_variants` for each ``(rule,
+    kernel)`` pair (e.g. ``adam`` on ``dense``, ``adam`` on ``rows``), and
+    :data:`REPRESENTATIVE_RULES`.
+
+    What a dtype changes in a kernel is in :mod:`refopt.rules.ops` (float16 computed in
+    float32 and rounded back, float64's ``fma`` by an error-free transformation), shared by
+    every variant of a rule; the flags, decay and EMA modes select branches of the rule's
+    source, which are the same in every dtype. So the audit compiles every variant in one
+    dtype and these in the others (``compile_all(full_dtypes=...)``).
+
+    Returns
+    -------
+    tuple of str
+        Labels of :func:`rule_variants`, in its order.
+    """
+    seen, labels = set(), []
+    for label, rule, _, _, _, kind in rule_variants(dtype, rmsprop=rmsprop):
+        if (rule.name, kind) not in seen or label in REPRESENTATIVE_RULES:
+            seen.add((rule.name, kind))
+            labels.append(label)
+    return tuple(labels)
+
+
 def _report(name, dt, cc, ptx):
     ops = {**float_ops(ptx), **approximations(ptx)}
     r = KernelPTX(name, np.dtype(dt).name, tuple(cc), _target(ptx), param_bytes(ptx), ops,
@@ -538,7 +566,7 @@ def reduction_kernels(dtype, width, tpb=256):
 
 
 def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tpb=256, items=8,
-                width=None, all_rules=False, rmsprop=False, jobs=None):
+                width=None, all_rules=False, rmsprop=False, jobs=None, full_dtypes=None):
     """Compile every kernel (and the control) to PTX and audit it.
 
     Parameters
@@ -559,6 +587,10 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
     jobs : int or None
         Processes compiling ``(cc, dtype)`` tasks in parallel (None: one per CPU, at most
         one per task; 1: in this process).
+    full_dtypes : sequence of numpy dtypes or None
+        The dtypes whose every rule variant is compiled at the first cc (None: all of
+        ``dtypes``); the others compile :func:`family_rules` there (one variant per rule and
+        kernel). Ignored with ``all_rules``.
 
     Returns
     -------
@@ -578,8 +610,14 @@ def compile_all(ccs=DEFAULT_CCS, dtypes=(np.float16, np.float32, np.float64), tp
     from refopt.kernels.cuda import config
 
     width = int(config.TENSORS_PER_LAUNCH if width is None else width)
-    tasks = [(tuple(cc), np.dtype(dt).name, tpb, items, width,
-              None if (all_rules or n_cc == 0) else REPRESENTATIVE_RULES, rmsprop)
+    full = None if full_dtypes is None else {np.dtype(dt).name for dt in full_dtypes}
+
+    def labels(n_cc, dt):
+        if all_rules or (n_cc == 0 and (full is None or np.dtype(dt).name in full)):
+            return None
+        return family_rules(dt, rmsprop) if n_cc == 0 else REPRESENTATIVE_RULES
+
+    tasks = [(tuple(cc), np.dtype(dt).name, tpb, items, width, labels(n_cc, dt), rmsprop)
              for n_cc, cc in enumerate(ccs) for dt in dtypes]
     jobs = min(len(tasks), os.cpu_count() or 1) if jobs is None else max(1, int(jobs))
     if jobs == 1:
@@ -691,6 +729,11 @@ def main(argv=None):
     parser.add_argument("--rmsprop", action="store_true",
                         help="also audit RMSprop's rule kernels (known to fail the strict "
                              "rule on math.frexp's exact plain mul.f64)")
+    parser.add_argument("--full-dtype", action="append", choices=("float16", "float32",
+                                                                  "float64"),
+                        help="compile every rule variant at the first cc only in this dtype "
+                             "(repeatable; the others: one variant per rule and kernel, "
+                             "ptx.family_rules; default: every variant in every dtype)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="processes compiling in parallel (default: one per CPU)")
     parser.add_argument("--device", action="store_true",
@@ -701,7 +744,7 @@ def main(argv=None):
     try:
         reports = (compile_on_device(all_rules=args.all_rules) if args.device else
                    compile_all(ccs=ccs, all_rules=args.all_rules, rmsprop=args.rmsprop,
-                               jobs=args.jobs))
+                               jobs=args.jobs, full_dtypes=args.full_dtype))
     except Exception as exc:  # the simulator is on, the toolchain or a target is missing
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         msg = f"cannot compile to PTX: {type(exc).__name__}: {msg}"
