@@ -95,6 +95,12 @@ def test_torch_adapter_example(tmp_path, monkeypatch):
     assert out[3].startswith("torch.optim") and out[3].endswith(loop)  # torch.optim.Adam()
 
 
+def test_torch_fused_sgd_example(tmp_path, monkeypatch):
+    out = _run(_block("one AVX2 vector of 8"), tmp_path, monkeypatch).split("\n")
+    assert [line.split()[1] for line in out[:2]] == [  # torch 2.13: for-loop, fused=True
+        "0x1.8e66aa0000000p-8", "0x1.8e66780000000p-8"]
+
+
 def test_low_precision_example(tmp_path, monkeypatch):
     pytest.importorskip("ml_dtypes")
     code = _block("refopt.MasterWeights(") + "\nprint(w.tolist(), b.tolist())\n"
