@@ -723,8 +723,17 @@ def _torch_named(torch_name):
         for name in _IGNORED_SWITCHES:
             kwargs.pop(name, None)
         fused = kwargs.pop("fused", None)
+        if fused is not None and not isinstance(fused, bool):
+            raise TypeError(f"`fused` must be a bool or None, as torch's. Received: "
+                            f"fused={fused!r}")
         if convention is None:  # torch.optim's default path, or its fused=True kernels
             convention = "torch_fused" if fused else "torch"
+        elif fused is not None and convention in ("torch", "torch_fused") and (
+                fused != (convention == "torch_fused")):
+            raise ValueError(
+                f"`fused={fused}` contradicts convention={convention!r} (torch's fused "
+                "kernels are the 'torch_fused' convention, its default path 'torch'): pass "
+                f"one of them. Received: fused={fused!r}, convention={convention!r}")
         for name, default in _REFUSED_SWITCHES.items():
             if name in kwargs and name not in positional:
                 value = kwargs.pop(name)

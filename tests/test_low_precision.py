@@ -318,3 +318,20 @@ def test_master_weights_reproduce_keras3_mixed_precision(policy, dtype):
                     z[f"{policy}/slot/{name}/{k}/{i}"]).tolist()
         k += 1
     assert k == 9
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_bfloat16_clip_grad_norm_under_torch_fused_is_torchs(backend):
+    # found by a user: bfloat16 with clipnorm raised KeyError (the float32 reduction's tail
+    # table) once a tensor had a tail of 4 or more. torch 2.13 reduces bfloat16 as float16:
+    # float32 squares summed serially, the root rounded. torch.optim.Adam(lr=0.01, fused=True)
+    # after clip_grad_norm_(p, 1.0), two steps, the bfloat16 bits of p:
+    torch_bits = [49087, 49055, 49022, 48958, 48894, 48777, 48292, 15981, 16120, 16188, 16252,
+                  16287, 16319]
+    bf16 = pytest.importorskip("ml_dtypes").bfloat16
+    w = ((np.arange(13, dtype=np.float32) - 6) / 4).astype(bf16)
+    opt = refopt.Adam(learning_rate=0.01, convention="torch_fused", clipnorm=1.0,
+                      backend=backend)
+    for g in (np.linspace(-3, 5, 13, dtype=np.float32), np.linspace(2, -1, 13, dtype=np.float32)):
+        opt.apply_gradients([(g.astype(bf16), w)])
+    assert w.view(np.uint16).tolist() == torch_bits

@@ -168,3 +168,17 @@ def test_rmsprop_is_torchs_for_loop_value():
         opt.apply_gradients([(np.array(g, F32), w)])
     np.testing.assert_array_equal(
         w, np.array([0.16002607345581055, -2.0070974826812744, -0.39184173941612244], F32))
+
+
+def test_adapter_refuses_fused_that_contradicts_the_convention():
+    torch = pytest.importorskip("torch")
+    import refopt.torch as rt
+
+    p = [torch.nn.Parameter(torch.ones(3))]
+    with pytest.raises(ValueError, match="contradicts"):
+        rt.Adam(p, lr=0.1, fused=True, convention="torch")
+    with pytest.raises(ValueError, match="contradicts"):
+        rt.Adam(p, lr=0.1, fused=False, convention="torch_fused")
+    with pytest.raises(TypeError, match="fused"):
+        rt.Adam(p, lr=0.1, fused="yes")
+    assert rt.Adam(p, lr=0.1, fused=True, convention="torch_fused") is not None

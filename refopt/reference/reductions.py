@@ -117,7 +117,8 @@ def torch_vector_norm(values):
     (``linalg_vector_norm`` returns ``abs`` when every reduced dimension has size 1,
     ``aten/src/ATen/native/LinearAlgebra.cpp``). Otherwise, float32 and float64: ``sqrt``
     of :func:`torch_sum_squares`, rounded to the dtype; float16: the squares summed serially
-    in float32 (PyTorch's generic reduction), the root rounded to float16 (checked up to
+    in float32 (PyTorch's generic reduction), the root rounded to float16 (bfloat16 likewise:
+    checked against torch 2.13 at every size 1-299 and up to 10^5; float16 checked up to
     10^5 elements; above 32768 PyTorch splits the sum among its threads, which float16's
     rounding of the root hid in the cases measured).
     """
@@ -127,8 +128,8 @@ def torch_vector_norm(values):
     if x.size == 1:
         return np.abs(x[0])
     with np.errstate(all="ignore"):
-        if x.dtype == np.float16:
-            return np.float16(np.sqrt(_torch_half_sum_squares(x)))
+        if x.dtype.itemsize == 2:  # float16 and bfloat16: the same generic reduction
+            return np.sqrt(_torch_half_sum_squares(x)).astype(x.dtype)[()]
         return np.sqrt(torch_sum_squares(x))
 
 
