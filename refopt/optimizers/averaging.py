@@ -347,20 +347,7 @@ class _AveragedWrapper(_Wrapper):
                 "global_clipnorm": self.global_clipnorm}
 
     def _config_differences(self, config):
-        if not isinstance(config, dict) or not isinstance(config.get("optimizer"), dict):
-            raise TypeError(f"The saved `config` must be a {type(self).__name__}'s get_config() "
-                            f"dict. Received: {type(config).__name__}")
-        mine = self._own_config()
-        out = [f"{k}: saved {config.get(k, '(absent)')!r}, this optimizer {v!r}"
-               for k, v in mine.items() if config.get(k) != v]
-        saved_inner = config["optimizer"]
-        if saved_inner.get("class_name") != type(self.inner_optimizer).__name__:
-            out.append(f"optimizer: saved {saved_inner.get('class_name')!r}, this optimizer "
-                       f"{type(self.inner_optimizer).__name__!r}")
-        else:
-            out += ["optimizer." + d for d in
-                    self.inner_optimizer._config_differences(saved_inner.get("config", {}))]
-        return out
+        return self._wrapper_config_differences(config, "optimizer", self._own_config())
 
     def get_config(self):
         """``{"name", "optimizer": {"class_name", "config"}, <the wrapper's arguments>,

@@ -179,6 +179,23 @@ class _Wrapper(Optimizer):
             raise AttributeError(name)
         return getattr(self.inner_optimizer, name)
 
+    def _wrapper_config_differences(self, config, inner_key, own):
+        """What differs between a saved ``get_config()`` and this wrapper (lines of text):
+        ``own`` maps the wrapper's own keys to this optimizer's values; then the inner
+        optimizer's class and configuration, saved under ``inner_key``."""
+        if not isinstance(config, dict) or not isinstance(config.get(inner_key), dict):
+            raise TypeError(f"The saved `config` must be a {type(self).__name__}'s get_config() "
+                            f"dict. Received: {type(config).__name__}")
+        out = [f"{k}: saved {config.get(k, '(absent)')!r}, this optimizer {v!r}"
+               for k, v in own.items() if config.get(k) != v]
+        saved, name = config[inner_key], type(self.inner_optimizer).__name__
+        if saved.get("class_name") != name:
+            out.append(f"{inner_key}: saved {saved.get('class_name')!r}, this optimizer {name!r}")
+        else:
+            out += [f"{inner_key}." + d for d in
+                    self.inner_optimizer._config_differences(saved.get("config", {}))]
+        return out
+
     # -------------------------------------------------------------- delegated API
     convention = property(lambda self: self.inner_optimizer.convention)
     backend = property(lambda self: self.inner_optimizer.backend)
@@ -473,21 +490,9 @@ class LossScaleOptimizer(_Wrapper):
         self.dynamic_scale, self.step_counter = scale, int(counter)
 
     def _config_differences(self, config):
-        if not isinstance(config, dict) or not isinstance(config.get("inner_optimizer"), dict):
-            raise TypeError("The saved `config` must be a LossScaleOptimizer's get_config() "
-                            f"dict. Received: {type(config).__name__}")
         mine = self.get_config()
-        out = [f"{k}: saved {config.get(k, '(absent)')!r}, this optimizer {mine[k]!r}"
-               for k in ("dynamic", "initial_scale", "dynamic_growth_steps")
-               if config.get(k) != mine[k]]
-        saved_inner = config["inner_optimizer"]
-        if saved_inner.get("class_name") != type(self.inner_optimizer).__name__:
-            out.append(f"inner_optimizer: saved {saved_inner.get('class_name')!r}, this "
-                       f"optimizer {type(self.inner_optimizer).__name__!r}")
-        else:
-            out += ["inner_optimizer." + d for d in
-                    self.inner_optimizer._config_differences(saved_inner.get("config", {}))]
-        return out
+        return self._wrapper_config_differences(config, "inner_optimizer", {
+            k: mine[k] for k in ("dynamic", "initial_scale", "dynamic_growth_steps")})
 
     def get_config(self):
         """``{"name", "inner_optimizer": {"class_name", "config"}, "dynamic",

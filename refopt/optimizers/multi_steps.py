@@ -307,20 +307,10 @@ class MultiSteps(_Wrapper):
             self._acc = [a.astype(self.accumulator_dtype or a.dtype) for a in accs]
 
     def _config_differences(self, config):
-        if not isinstance(config, dict) or not isinstance(config.get("inner_optimizer"), dict):
-            raise TypeError("The saved `config` must be a MultiSteps get_config() dict. "
-                            f"Received: {type(config).__name__}")
         mine = self.get_config()
-        out = [f"{k}: saved {config.get(k, '(absent)')!r}, this optimizer {mine[k]!r}"
-               for k in ("every_k_schedule", "use_grad_mean", "should_skip_update_fn",
-                         "accumulator_dtype") if config.get(k) != mine[k]]
-        saved_inner = config["inner_optimizer"]
-        if saved_inner.get("class_name") != type(self.inner_optimizer).__name__:
-            out.append(f"inner_optimizer: saved {saved_inner.get('class_name')!r}")
-        else:
-            out += ["inner_optimizer." + d for d in
-                    self.inner_optimizer._config_differences(saved_inner.get("config", {}))]
-        return out
+        return self._wrapper_config_differences(config, "inner_optimizer", {
+            k: mine[k] for k in ("every_k_schedule", "use_grad_mean", "should_skip_update_fn",
+                                 "accumulator_dtype")})
 
     def get_config(self):
         """The constructor arguments (a callable schedule or skip function as given: such a
