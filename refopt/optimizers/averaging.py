@@ -299,17 +299,7 @@ class _AveragedWrapper(_Wrapper):
             As :meth:`refopt.Optimizer.load_state_dict`; a state of another class or
             configuration; averages missing or not of the variables' shapes and dtypes.
         """
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"`state_dict` must be a dict, as {type(self).__name__}."
-                            f"state_dict() returns. Received: {type(state_dict).__name__}")
-        if state_dict.get("class") != type(self).__name__:
-            raise ValueError(f"`state_dict` holds the state of an optimizer of class "
-                             f"{state_dict.get('class')}; cannot load it into one of class "
-                             f"{type(self).__name__}.")
-        diffs = self._config_differences(state_dict.get("config"))
-        if diffs:
-            raise ValueError("`state_dict` was saved from an optimizer with another "
-                             "configuration. Differences: " + "; ".join(diffs))
+        self._check_wrapper_state(state_dict)
         inner_sd = dict(state_dict)
         inner_sd["class"] = type(self.inner_optimizer).__name__
         inner_sd["config"] = state_dict["config"]["optimizer"]["config"]

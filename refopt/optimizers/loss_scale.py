@@ -179,6 +179,21 @@ class _Wrapper(Optimizer):
             raise AttributeError(name)
         return getattr(self.inner_optimizer, name)
 
+    def _check_wrapper_state(self, state_dict):
+        """Refuse (``TypeError``/``ValueError``) a state that is not a dict, of another class
+        or saved with another configuration; before anything is loaded."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"`state_dict` must be a dict, as {type(self).__name__}."
+                            f"state_dict() returns. Received: {type(state_dict).__name__}")
+        if state_dict.get("class") != type(self).__name__:
+            raise ValueError(f"`state_dict` holds the state of an optimizer of class "
+                             f"{state_dict.get('class')}; cannot load it into one of class "
+                             f"{type(self).__name__}.")
+        diffs = self._config_differences(state_dict.get("config"))
+        if diffs:
+            raise ValueError("`state_dict` was saved from an optimizer with another "
+                             "configuration. Differences: " + "; ".join(diffs))
+
     def _wrapper_config_differences(self, config, inner_key, own):
         """What differs between a saved ``get_config()`` and this wrapper (lines of text):
         ``own`` maps the wrapper's own keys to this optimizer's values; then the inner
@@ -460,17 +475,7 @@ class LossScaleOptimizer(_Wrapper):
             ``"loss_scale"`` (a scale not > 0 and finite, a counter not an integer in
             [0, dynamic_growth_steps)).
         """
-        if not isinstance(state_dict, dict):
-            raise TypeError("`state_dict` must be a dict, as LossScaleOptimizer.state_dict() "
-                            f"returns. Received: {type(state_dict).__name__}")
-        if state_dict.get("class") != type(self).__name__:
-            raise ValueError(f"`state_dict` holds the state of an optimizer of class "
-                             f"{state_dict.get('class')}; cannot load it into one of class "
-                             f"{type(self).__name__}.")
-        diffs = self._config_differences(state_dict.get("config"))
-        if diffs:
-            raise ValueError("`state_dict` was saved from an optimizer with another "
-                             "configuration. Differences: " + "; ".join(diffs))
+        self._check_wrapper_state(state_dict)
         ls = state_dict.get("loss_scale")
         if not isinstance(ls, dict) or "scale" not in ls or "counter" not in ls:
             raise ValueError("`state_dict['loss_scale']` must be a dict with 'scale' and "
