@@ -39,6 +39,14 @@ An uncompressed ``.npz`` (``numpy.load``) with
   ``loss_scale``, ``MultiSteps``' ``multi_steps``) are keys of ``meta``;
 - bfloat16 arrays (``ml_dtypes.bfloat16`` variables and slots) are stored as their uint16
   bits, and named in the meta's ``bfloat16_arrays`` (absent when there are none);
+- a :class:`~refopt.MasterWeights` saves its inner optimizer's checkpoint written on the
+  float32 masters (``variable_{i}`` is the master of a float16/bfloat16 variable; a
+  float32/float64 variable is its own master, and is saved even with
+  ``include_variables=False``), plus ``low_variable_{i}`` (the low-precision variable, when
+  variables are saved; else loading writes the rounded master, as ``sync()`` does), with
+  ``class`` ``"MasterWeights"``, its ``get_config()`` as ``config`` and
+  ``meta["master_weights"]`` (``inner_class``, the variables' ``dtypes``,
+  ``low_precision`` positions, ``has_variables``);
 - ``sha256``: hex digest of every other entry (name, dtype, shape and bytes, in sorted name
   order), checked on load on top of the zip format's CRC-32.
 
@@ -192,7 +200,7 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
     ----------
     path : str or os.PathLike
         The file to write, used as given (no suffix is added). Replaced atomically if it exists.
-    optimizer : refopt.Optimizer
+    optimizer : refopt.Optimizer or refopt.MasterWeights
         Built or not yet built.
     variables : list of ndarray (device arrays for ``backend="cuda"``)
         The variables, in a fixed order (the same order :func:`load_checkpoint` will get). Once
@@ -224,10 +232,24 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
         If the file cannot be written (the message names ``path``; the previous file, if any,
         is untouched).
     """
+    from refopt.master_weights import MasterWeights
+
+    if isinstance(optimizer, MasterWeights):
+        path = _check_path(path, "path")
+        meta, arrays = _collect_master_weights(optimizer, variables, include_variables)
+    else:
+        _check_optimizer(optimizer)
+        path = _check_path(path, "path")
+        meta, arrays = _collect(optimizer, variables, include_variables)
+    _write_file(path, meta, arrays)
+    return meta
+
+
+def _collect(optimizer, variables, include_variables):
+    """The checkpoint of ``optimizer`` and ``variables``: ``(meta, arrays)`` (the module
+    docstring's layout, before the bfloat16 arrays are stored as bits)."""
     from refopt import __version__
 
-    _check_optimizer(optimizer)
-    path = _check_path(path, "path")
     variables, views = _check_variables(variables, optimizer)
     sd = optimizer.state_dict()
     built = sd["built"]
@@ -285,8 +307,7 @@ def save_checkpoint(path, optimizer, variables, *, include_variables=True):
         meta[key] = _jsonable(sd[key])
     if "gradient_accumulation" in sd:  # gradient_accumulation_steps: Keras 3's raw counter
         meta["gradient_accumulation_micro_steps"] = sd["gradient_accumulation"]["micro_steps"]
-    _write_file(path, meta, arrays)
-    return meta
+    return meta, arrays
 
 
 #: How a zip archive (an ``.npz``) starts: a local file header, or the end record of an
@@ -490,7 +511,7 @@ def load_checkpoint(path, optimizer=None, variables=None, *, restore_variables=T
     ----------
     path : str or os.PathLike
         A file written by :func:`save_checkpoint`.
-    optimizer : refopt.Optimizer, optional
+    optimizer : refopt.Optimizer or refopt.MasterWeights, optional
         A new, **not yet built** optimizer of the saved class and configuration (create it as
         the saved one was; ``name``, ``backend`` and ``jit_compile`` may differ; a float
         ``learning_rate`` is restored from the file). The saved
@@ -568,6 +589,9 @@ def load_checkpoint(path, optimizer=None, variables=None, *, restore_variables=T
             raise TypeError("`custom_objects` must be a dict of class names to classes. "
                             f"Received: custom_objects={custom_objects!r}")
         meta, arrays = _read(path)
+        if meta.get("class") == "MasterWeights":
+            return _rebuild_master_weights(path, meta, arrays, variables, restore_variables,
+                                           backend, custom_objects)
         optimizer, variables = _rebuild(os.fspath(path), meta, arrays, variables, backend,
                                         custom_objects)
         _load(path, optimizer, variables, restore_variables, meta, arrays)
@@ -576,12 +600,42 @@ def load_checkpoint(path, optimizer=None, variables=None, *, restore_variables=T
         raise TypeError("`backend` and `custom_objects` apply only when load_checkpoint "
                         "creates the optimizer (optimizer=None). Received: "
                         f"backend={backend!r}, custom_objects={custom_objects!r}")
-    _check_optimizer(optimizer)
+    from refopt.master_weights import MasterWeights
+
+    if not isinstance(optimizer, MasterWeights):
+        _check_optimizer(optimizer)
     if variables is None:
         raise TypeError("`variables` is required with `optimizer`: the list of variables to "
                         "build it with, in the saved order (or call load_checkpoint(path) to "
                         "get new ones).")
+    if isinstance(optimizer, MasterWeights):
+        meta, arrays = _read(path)
+        return _load_master_weights(path, optimizer, variables, restore_variables, meta,
+                                    arrays)
     return _load(path, optimizer, variables, restore_variables)
+
+
+def _rebuild_master_weights(path, meta, arrays, variables, restore_variables, backend,
+                            custom_objects):
+    """``load_checkpoint(path)`` of a MasterWeights file: the inner optimizer from its
+    class and config, the wrapper with the saved options, new variables of the saved
+    dtypes (or ``variables``)."""
+    from refopt.master_weights import MasterWeights
+
+    p = os.fspath(path)
+    mw, dtypes, inner_meta = _master_weights_meta(meta, p)
+    inner, _ = _rebuild(p, inner_meta, arrays, [], backend, custom_objects)
+    config = meta["config"]
+    try:
+        wrapper = MasterWeights(inner, stochastic_rounding=config.get("stochastic_rounding"),
+                                seed=config.get("seed"))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"Cannot recreate the MasterWeights saved in {p} from its "
+                              f"config ({type(exc).__name__}: {exc}).") from None
+    if variables is None:
+        variables = [np.zeros(tuple(s), d) for s, d in zip(meta["shapes"], dtypes)]
+    _load_master_weights(path, wrapper, variables, restore_variables, meta, arrays)
+    return Restored(wrapper, variables)
 
 
 def _load(path, optimizer, variables, restore_variables, meta=None, arrays=None):
@@ -672,4 +726,134 @@ def _load(path, optimizer, variables, restore_variables, meta=None, arrays=None)
             var.copy_to_device(np.ascontiguousarray(value))
     if values:
         _foreign.touched(optimizer)  # torch tensors written in place: autograd must know
+    return meta
+
+
+# ----------------------------------------------------------------- MasterWeights
+def _collect_master_weights(wrapper, variables, include_variables):
+    """The checkpoint of a :class:`~refopt.MasterWeights`: its inner optimizer's, written on
+    the float32 masters (``variable_{i}`` holds the master of a low-precision variable, and
+    a float32/float64 variable, its own master, itself), plus ``low_variable_{i}`` (the
+    float16/bfloat16 variable, when ``include_variables``) and ``meta["master_weights"]``."""
+    if not isinstance(variables, (list, tuple)):
+        raise TypeError("`variables` must be a list of the arrays the MasterWeights was built "
+                        f"with. Received: {type(variables).__name__}")
+    variables = list(variables)
+    if len({id(v) for v in variables}) != len(variables):
+        raise ValueError("`variables` lists the same array twice.")
+    if wrapper.built:
+        if len(variables) != len(wrapper._vars):
+            raise ValueError(f"`variables` must be the {len(wrapper._vars)} variables the "
+                             f"optimizer was built with. Received: {len(variables)} arrays")
+        positions = []
+        for i, v in enumerate(variables):
+            try:
+                positions.append(wrapper._position(v))
+            except KeyError:
+                raise ValueError(f"`variables[{i}]` is not a variable the optimizer was "
+                                 "built with.") from None
+        masters = [wrapper._masters[k] for k in positions]
+    else:
+        from refopt.executors.checks import check_host_variable
+
+        for i, v in enumerate(variables):
+            check_host_variable(v, f"variables[{i}]")
+        masters = [v.astype(np.float32) if _precision.is_low_precision(v.dtype) else v
+                   for v in variables]
+    meta, arrays = _collect(wrapper.inner_optimizer, masters, True)
+    low = []
+    for i, v in enumerate(variables):
+        if _precision.is_low_precision(v.dtype):
+            low.append(i)
+            if include_variables:
+                arrays[f"low_variable_{i}"] = v
+    meta.update(
+        {"class": "MasterWeights", "config": _jsonable(wrapper.get_config()),
+         "master_weights": {"inner_class": type(wrapper.inner_optimizer).__name__,
+                            "dtypes": [np.dtype(v.dtype).name for v in variables],
+                            "low_precision": low,
+                            "has_variables": bool(include_variables)}})
+    return meta, arrays
+
+
+def _master_weights_meta(meta, p):
+    mw = meta.get("master_weights")
+    config = meta.get("config")
+    if not (isinstance(mw, dict) and isinstance(config, dict)
+            and isinstance(config.get("optimizer"), dict)
+            and isinstance(mw.get("dtypes"), list)
+            and len(mw["dtypes"]) == len(meta.get("shapes", []))):
+        raise CheckpointError(f"{p} has damaged MasterWeights metadata.")
+    try:
+        dtypes = [np.dtype(d) for d in mw["dtypes"]]
+    except TypeError:
+        raise CheckpointError(f"{p} has damaged MasterWeights metadata.") from None
+    inner_meta = dict(meta, **{"class": mw.get("inner_class"),
+                               "config": config["optimizer"].get("config", {})})
+    return mw, dtypes, inner_meta
+
+
+def _load_master_weights(path, wrapper, variables, restore_variables, meta, arrays):
+    """Restore a MasterWeights checkpoint into ``wrapper`` (new, not built) and
+    ``variables`` (all checks first: nothing changes unless they pass)."""
+    p = os.fspath(path)
+    if meta.get("class") != "MasterWeights":
+        raise CheckpointError(f"{p} holds the state of an optimizer of class "
+                              f"{meta.get('class')}; cannot load it into one of class "
+                              "MasterWeights.")
+    if wrapper.built:
+        raise ValueError("load_checkpoint needs a new MasterWeights that has not been built "
+                         "yet (no build() or apply_gradients() call).")
+    mw, dtypes, inner_meta = _master_weights_meta(meta, p)
+    config = meta["config"]
+    diffs = [f"{k}: saved {config.get(k)!r}, this optimizer {getattr(wrapper, k)!r}"
+             for k in ("stochastic_rounding", "seed") if config.get(k) != getattr(wrapper, k)]
+    inner = wrapper.inner_optimizer
+    if config["optimizer"].get("class_name") != type(inner).__name__:
+        diffs.append(f"optimizer: saved {config['optimizer'].get('class_name')!r}, this "
+                     f"optimizer {type(inner).__name__!r}")
+    if diffs:
+        raise CheckpointError(f"{p} was saved from an optimizer with another configuration. "
+                              "Differences: " + "; ".join(diffs))
+    if not isinstance(variables, (list, tuple)):
+        raise TypeError("`variables` must be a list of arrays. Received: "
+                        f"{type(variables).__name__}")
+    variables = list(variables)
+    from refopt.executors.checks import check_host_variable
+
+    shapes = [tuple(s) for s in meta["shapes"]]
+    if len(variables) != len(shapes):
+        raise CheckpointError(f"{p} holds {len(shapes)} variables; `variables` has "
+                              f"{len(variables)}.")
+    for i, (v, shape, dtype) in enumerate(zip(variables, shapes, dtypes)):
+        check_host_variable(v, f"variables[{i}]")
+        if tuple(v.shape) != shape or v.dtype != dtype:
+            raise CheckpointError(f"`variables[{i}]` has shape {tuple(v.shape)} and dtype "
+                                  f"{v.dtype}; the checkpoint {p} saved shape {shape} and "
+                                  f"dtype {dtype}.")
+        if not (v.flags.c_contiguous and v.flags.writeable):
+            raise ValueError(f"`variables[{i}]` must be C-contiguous and writeable.")
+    if len({id(v) for v in variables}) != len(variables):
+        raise ValueError("`variables` lists the same array twice.")
+    low = [_precision.is_low_precision(v.dtype) for v in variables]
+    saved_low = {}
+    if restore_variables and mw.get("has_variables"):
+        saved_low = {i: _expect(arrays, f"low_variable_{i}", shapes[i], dtypes[i], p)
+                     for i in range(len(variables)) if low[i]}
+    masters = [v.astype(np.float32) if lo else v for v, lo in zip(variables, low)]
+    kept = [] if restore_variables else [(v, v.copy()) for v, lo in zip(variables, low)
+                                         if not lo]
+    _load(path, inner, masters, True, inner_meta, arrays)  # the masters and the inner state
+    for v, value in kept:  # restore_variables=False: float32/float64 variables keep theirs
+        np.copyto(v, value)
+    wrapper._vars, wrapper._masters = variables, masters
+    wrapper._index = {id(v): k for k, v in enumerate(variables)}
+    if restore_variables:
+        for k, lo in enumerate(low):
+            if not lo:
+                continue
+            if k in saved_low:
+                np.copyto(variables[k], saved_low[k])
+            else:  # saved without variables: the rounded master, as sync() writes it
+                wrapper._write(k, wrapper.iterations)
     return meta

@@ -65,7 +65,9 @@ class MasterWeights:
     A step that raises changes nothing (the inner optimizer's rule; the rounding runs after
     it and cannot fail). Only the variables that had a gradient are rewritten; use
     :meth:`sync` after changing masters by hand. ``state_dict`` holds the inner optimizer's
-    state plus the masters.
+    state plus the masters; :func:`refopt.save_checkpoint` and
+    :func:`refopt.load_checkpoint` take a ``MasterWeights`` as they take an optimizer (a
+    resumed run is bit-identical, stochastic rounding included).
 
     Examples
     --------
