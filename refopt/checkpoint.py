@@ -179,6 +179,15 @@ def _slot_shape(optimizer, name, shape):
     return tuple(optimizer.slot_shape(name, shape))
 
 
+def _slot_dtype(optimizer, name, shape, dtype):
+    """The dtype of slot ``name`` of a variable of ``shape`` and ``dtype``
+    (:meth:`~refopt.Optimizer.slot_dtype`: Adam8bit's codes are uint8); the EMA ``average``
+    has the variable's."""
+    if name == "average" and optimizer.use_ema:
+        return np.dtype(dtype)
+    return np.dtype(optimizer.slot_dtype(name, shape, dtype))
+
+
 def _write_file(path, meta, arrays):
     # .npz has no bfloat16: its arrays are stored as their uint16 bits, named in the meta
     bf16 = sorted(k for k, a in arrays.items() if a.dtype == _precision.BFLOAT16)
@@ -256,6 +265,7 @@ def _collect(optimizer, variables, include_variables):
     names = sd["slot_names"]
     arrays = {}
     steps = []
+    order = []  # the build position of each variable of the file
     excluded = []  # positions in `variables` (the file's order), not in build order
     if built:
         n_built = len(optimizer._vars)
@@ -275,6 +285,7 @@ def _collect(optimizer, variables, include_variables):
             for name in names:
                 arrays[f"slot_{name}_{i}"] = sd["slots"][name][pos]
             steps.append(sd["variable_steps"][pos])
+            order.append(pos)
             if "gradient_accumulation" in sd:  # Keras 3's accumulators, in the file's order
                 arrays[f"gradient_accumulator_{i}"] = (
                     sd["gradient_accumulation"]["accumulators"][pos])
@@ -303,8 +314,12 @@ def _collect(optimizer, variables, include_variables):
         "variable_steps": steps,
         "excluded_from_weight_decay": excluded,
     }
+    per_variable = getattr(optimizer, "_PER_VARIABLE_STATE_KEYS", ())
     for key in getattr(optimizer, "_EXTRA_STATE_KEYS", ()):  # a wrapper's own state (JSON)
-        meta[key] = _jsonable(sd[key])
+        value = sd[key]
+        if key in per_variable and built:  # one entry per variable: the file's order
+            value = [value[pos] for pos in order]
+        meta[key] = _jsonable(value)
     if "gradient_accumulation" in sd:  # gradient_accumulation_steps: Keras 3's raw counter
         meta["gradient_accumulation_micro_steps"] = sd["gradient_accumulation"]["micro_steps"]
     return meta, arrays
@@ -682,7 +697,8 @@ def _load(path, optimizer, variables, restore_variables, meta=None, arrays=None)
         for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
             for name in names:
                 slots[name].append(_expect(arrays, f"slot_{name}_{i}",
-                                           _slot_shape(optimizer, name, shape), dtype, p))
+                                           _slot_shape(optimizer, name, shape),
+                                           _slot_dtype(optimizer, name, shape, dtype), p))
     values = []
     if restore_variables and meta["has_variables"]:
         values = [_expect(arrays, f"variable_{i}", s, d, p)

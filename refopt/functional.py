@@ -269,6 +269,9 @@ def unflatten_state(flat, params):
     names = sorted({k.split("/")[1] for k in flat if k.startswith("slots/")})
     state["slots"] = {name: tree_under(f"slots/{name}") for name in names}
     state["variable_steps"] = tree_under("variable_steps")
+    for key in ("sparse_momentum",):  # SGD's sparse momentum under "torch", when present
+        if any(k == key or k.startswith(key + "/") for k in flat):
+            state[key] = tree_under(key)
     return state
 
 
@@ -410,6 +413,10 @@ class Functional:
                           for name in names}
         state["variable_steps"] = _rebuild(
             params, [_readonly(np.int64(k)) for k in sd["variable_steps"]])
+        # an optimizer's state outside its slots (SGD's sparse momentum under "torch")
+        extra = getattr(opt, "_extra_state_arrays", None)
+        for key, arrays in (extra(sd) if extra else {}).items():
+            state[key] = _rebuild(params, [_readonly(a) for a in arrays])
         return state
 
     def _state_ids(self, state):
@@ -456,6 +463,11 @@ class Functional:
         sd = {"class": type(opt).__name__, "config": opt.get_config(),
               "iterations": iterations, "learning_rate": lr, "built": True,
               "slot_names": names, "slots": flat_slots, "variable_steps": steps}
+        for key in getattr(opt, "_EXTRA_STATE_KEYS", ()):
+            if key in state and hasattr(opt, "_extra_state_from_arrays"):
+                _same_structure(state[key], params, f"state[{key!r}]")
+                values, _ = _flatten(state[key], f"state[{key!r}]")
+                sd[key] = opt._extra_state_from_arrays(key, values)
         try:
             opt.load_state_dict(sd)
         except (TypeError, ValueError) as exc:  # name the state's keys, not the class's

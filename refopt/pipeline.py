@@ -84,7 +84,9 @@ def apply_gradients(opt, grads_and_vars):
     ex = opt._executor
     if getattr(opt, "maximize", False):  # PyTorch's maximize: g <- -g first (exact)
         grads_and_vars = _negated_pairs(grads_and_vars)
-    if opt._built:
+    # a state that some gradients cannot meet (torch's sparse momentum buffers): no quick path
+    quick = opt._built and not opt._grads_checked_against_state()
+    if quick:
         if not isinstance(grads_and_vars, list):
             grads_and_vars = list(grads_and_vars)
         positions = ex.quick_step(opt, grads_and_vars, rate)
@@ -95,7 +97,7 @@ def apply_gradients(opt, grads_and_vars):
     foreign = _foreign.pairs(opt, grads_and_vars)  # torch tensors etc. -> views, same list if none
     if foreign is not grads_and_vars:
         grads_and_vars = foreign
-        if opt._built:
+        if quick:
             positions = ex.quick_step(opt, grads_and_vars, rate)
             if positions is not None:
                 return _count(opt, positions, lr_value, is_schedule)
@@ -118,6 +120,7 @@ def apply_gradients(opt, grads_and_vars):
                     f"the optimizer was built with shape={built_shape}, dtype={built_dtype} "
                     "for it; a variable cannot change shape or dtype after build."
                 )
+        opt._check_grads_against_state(pairs)
     present = [(g, v) for g, v, _ in pairs if g is not None]
     if not present:
         raise ValueError(

@@ -24,14 +24,18 @@ the convention knob ``low_precision_compute`` (:class:`refopt.conventions.Conven
 
 The rule is implemented once, around the optimizer's update, in the staged step
 (:func:`refopt.executors.staged.compute`), which every backend runs for low-precision
-variables (``backend="cuda"`` on the host for float16 computed in float32; ``"cuda"`` refuses
-bfloat16), except that ``backend="cpu"`` runs the float32 compute of dense steps without
-clipping or EMA on its fused kernels (generic over the rules: the variable and slots as
-uint16 bits, loaded into float32 and each stored value rounded once, with the bits of
-:func:`round_to`; :mod:`refopt.kernels.cpu.halfbits`): no optimizer has code of its own
-for it, and the numbers are the same on every backend. bfloat16 is accepted only where the
-step is computed in float32 (:func:`check_supported`); :class:`refopt.MasterWeights` takes it
-under any convention (float32 masters).
+variables, except that ``backend="cpu"`` and ``backend="cuda"`` run the float32 compute of
+dense steps without clipping or EMA on their fused kernels (generic over the rules: the
+variable and slots as uint16 bits, loaded into float32 and each stored value rounded once,
+with the bits of :func:`round_to`; :mod:`refopt.kernels.cpu.halfbits`,
+:mod:`refopt.kernels.cuda.halfbits`; ``"cuda"`` takes the rest on the host, with a
+``HostStepWarning``): no optimizer has code of its own
+for it, and the numbers are the same on every backend. bfloat16 computed in its dtype is
+taken where it is reproduced op by op (:mod:`refopt.reference.bf16`, run by the staged step
+on every backend: torch's for-loop Adam, AdamW, SGD, Adagrad and RMSprop; Adam and SGD of
+tf_keras, Keras 3 and optax; golden cases ``*_bf16``) and refused elsewhere
+(:func:`check_supported`); :class:`refopt.MasterWeights` takes it under any convention
+(float32 masters).
 
 :func:`round_to` is the one rounding used; :func:`stochastic_round` is the seeded stochastic
 rounding of master weights.
@@ -131,8 +135,10 @@ def check_supported(opt, variables, what="var_list"):
     """Raise unless ``opt`` (its convention) can compute every variable's dtype.
 
     bfloat16 is taken where the step is computed in float32 (:func:`compute_dtype`:
-    PyTorch's fused kernels); computed in its own dtype (the TF family, optax, torch's
-    for-loop optimizers) it is not modelled, and refused.
+    PyTorch's fused kernels), and computed in its own dtype where
+    :func:`refopt.reference.bf16.supported` reproduces it (torch's for-loop Adam, AdamW,
+    SGD, Adagrad, RMSprop; Adam and SGD of tf_keras, Keras 3 and optax; no clipping, EMA or
+    sparse gradient); elsewhere it is refused.
 
     Raises
     ------
@@ -142,6 +148,11 @@ def check_supported(opt, variables, what="var_list"):
     """
     if BFLOAT16 is None or compute_dtype(opt.convention, BFLOAT16, opt) is not None:
         return
+    from refopt.reference import bf16 as _loop
+
+    why = _loop.supported(opt)  # torch's for-loop; Keras' and optax's Adam, SGD: op by op
+    if why is None:
+        return
     conv = opt.convention
     for i, v in enumerate(variables):
         if getattr(v, "dtype", None) == BFLOAT16:
@@ -149,7 +160,10 @@ def check_supported(opt, variables, what="var_list"):
                 f"`{what}[{i}]` has dtype bfloat16, which {type(opt).__name__} under "
                 f"convention={conv.name!r} computes in the variable's dtype "
                 f"(low_precision_compute={conv.low_precision_compute!r}), not modelled for "
-                "bfloat16. Use low_precision_compute='float32' (PyTorch's fused kernels), "
+                f"bfloat16 ({why}; reproduced: torch's for-loop Adam, AdamW, SGD, Adagrad "
+                "and RMSprop under convention='torch', Adam and SGD under 'tf_keras', "
+                "'keras3' and the optax presets without weight decay; no clipping or EMA). "
+                "Use low_precision_compute='float32' (PyTorch's fused kernels), "
                 "refopt.MasterWeights (float32 masters), or float16/float32 variables. "
                 f"Received: {what}[{i}] with shape={v.shape}, dtype=bfloat16"
             )

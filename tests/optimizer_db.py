@@ -515,6 +515,34 @@ OPTIMIZERS += (
     ),
 )
 
+# bitsandbytes' 8-bit optimizers (issue 17 item 5): convention "torch" only, float32
+# variables; min_8bit_size=1 puts these tables' small variables on the 8-bit path
+EIGHTBIT_ERRORS = (
+    ({"convention": "tf_keras"}, ValueError,
+     r"8bit.*convention='torch'.*convention='tf_keras'"),
+    ({"convention": "torch_fused"}, ValueError, r"Received: convention='torch_fused'"),
+    ({"min_8bit_size": -1}, ValueError, r"min_8bit_size.*integer >= 0.*Received: min_8bit_size=-1"),
+    ({"min_8bit_size": 2.5}, ValueError, r"min_8bit_size.*Received: min_8bit_size=2\.5"),
+    ({"is_paged": True}, ValueError, r"is_paged=True"),
+)
+EIGHTBIT_ADAM_ERRORS = (
+    ({"amsgrad": True}, ValueError, r"amsgrad=True"),
+)
+OPTIMIZERS += tuple(
+    OptimizerInfo(
+        cls,
+        (
+            {},
+            {"learning_rate": 0.01, "min_8bit_size": 1, "weight_decay": 0.1, "clipnorm": 1.0},
+            {"learning_rate": 0.01, "beta_1": 0.8, "beta_2": 0.95, "min_8bit_size": 5},
+        ),
+        COMMON_ERRORS + EIGHTBIT_ERRORS + (() if cls is refopt.Lion8bit
+                                           else ADAM_ERRORS + EIGHTBIT_ADAM_ERRORS),
+        ("m", "m_absmax") if cls is refopt.Lion8bit else ("m", "v", "m_absmax", "v_absmax"),
+    )
+    for cls in (refopt.Adam8bit, refopt.AdamW8bit, refopt.Lion8bit)
+)
+
 
 def optimizer_id(info):
     return info.cls.__name__

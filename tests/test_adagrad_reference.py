@@ -340,7 +340,10 @@ def test_docstring_examples_run():
 
 
 # ----------------------------------------------------------------------------- (b) golden
-_ENTRIES = [e for e in load_manifest() if e["optimizer"] == "Adagrad"]
+# bfloat16 cases: torch's for-loop op by op (refopt.reference.bf16), replayed through the
+# optimizer by tests/test_conformance.py; adagrad_update takes float16/32/64
+_ENTRIES = [e for e in load_manifest() if e["optimizer"] == "Adagrad"
+            and e["dtype"] != "bfloat16"]
 
 
 def replay_max_ulp(entry):

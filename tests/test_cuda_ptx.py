@@ -295,6 +295,14 @@ def test_every_kernel_compiles_to_ptx_without_fma_or_approximations():
     for k in report["kernels"]:
         if k["dtype"] == "float16":
             assert not [op for op in k["float_ops"] if op.endswith(".f16")], k
+    # the low-precision kernels (float16/bfloat16 bits computed in float32, issue #17), at
+    # the first cc only: float32 arithmetic, explicitly rounded, no .f16 (bit conversions)
+    low = {(k["name"], k["dtype"]): k for k in report["kernels"] if k["dtype"].endswith("bits")}
+    assert set(low) == {(f"rule dense: {label}", f"{fmt} bits")
+                        for label, fmt in ptx.LOW_PRECISION_RULES}
+    for k in low.values():
+        assert k["cc"] == "8.0" and k["float_ops"].get("mul.rn.f32", 0) > 0, k
+        assert not [op for op in k["float_ops"] if op.endswith(".f16")], k
     # The elementwise kernels round every multiply and add explicitly.
     for name in ("rule dense: tf_keras Adam", "rule table: tf_keras Adam table"):
         adam = next(k for k in report["kernels"]

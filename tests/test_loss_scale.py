@@ -27,8 +27,9 @@ def _scalar_trace(opt, w, grads):
 
 LS_CASES = ["keras3/loss_scale_adam_f32", "keras3/loss_scale_sgd_f64",
             "tf_keras/loss_scale_adam_f32", "tf_keras/loss_scale_sgd_f64",
-            "torch/loss_scale_adam_fused_f32", "torch/loss_scale_sgd_f32",
-            "keras2/loss_scale_adam_f32", "tf1/loss_scale_adam_f32"]
+            "torch/loss_scale_adam_fused_f32", "torch/loss_scale_adam_f32",
+            "torch/loss_scale_sgd_f32", "keras2/loss_scale_adam_f32",
+            "tf1/loss_scale_adam_f32"]
 
 
 @pytest.mark.parametrize("case_id", LS_CASES)
@@ -47,6 +48,35 @@ def test_scale_counter_and_iterations_follow_the_recording(case_id):
             assert opt.iterations == int(iters[k]), k
         for got, want in zip(variables, params[k]):
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case_id", ["torch/loss_scale_adam_fused_f32",
+                                     "torch/loss_scale_adam_f32", "torch/loss_scale_sgd_f32"])
+def test_grad_scaler_replays_torch_bit_for_bit(case_id):
+    # torch.amp.GradScaler's recordings, through refopt.GradScaler's own API. Regression:
+    # GradScaler divided by the scale under the "torch" preset (the for-loop, whose
+    # unscale_ multiplies by f32(1/s)) and multiplied under "torch_fused" (whose kernel
+    # divides); the m and v slots differed from torch's in both cases.
+    entry = _entry(case_id)
+    init, grads, params, slots = conformance.load_case(entry)
+    hyper = entry["hyperparameters"]
+    inner = hyper["inner_optimizer"]
+    opt = getattr(refopt, inner["class_name"])(**inner["config"],
+                                                convention=entry["convention"],
+                                                backend="reference")
+    scaler = refopt.GradScaler(init_scale=hyper["initial_scale"],
+                               growth_interval=hyper["dynamic_growth_steps"])
+    variables = [a.copy() for a in init]
+    scales = _recorded_state(entry, "loss_scale")
+    for k, row in enumerate(grads):
+        scaler.step(opt, list(zip(row, variables)))
+        scaler.update()
+        assert np.float32(scaler.get_scale()) == scales[k], k
+        for i, (got, want) in enumerate(zip(variables, params[k])):
+            np.testing.assert_array_equal(got, want)
+            for name, per_step in slots.items():
+                if per_step[k][i] is not None:
+                    np.testing.assert_array_equal(opt.get_slot(got, name), per_step[k][i])
 
 
 def test_keras3_trace_from_the_semantics_notes():

@@ -119,6 +119,30 @@ def test_eightbit_example(tmp_path, monkeypatch):
     assert out.strip() == "uint8 (20,)"
 
 
+def test_eightbit_class_example(tmp_path, monkeypatch):
+    out = _run(_block("refopt.AdamW8bit(learning_rate=1e-3)"), tmp_path, monkeypatch)
+    assert out.split("\n")[:3] == ["('m', 'v', 'm_absmax', 'v_absmax')", "uint8 (20,)",
+                                    "2.032"]
+
+
+def test_bf16_in_dtype_example(tmp_path, monkeypatch):
+    out = _run(_block("torch.optim.Adam's for-loop"), tmp_path, monkeypatch)
+    assert out.strip() == "[16251, 48888, 15984]"  # torch 2.13's bits
+
+
+def test_cuda_bf16_example(tmp_path, monkeypatch):
+    out = _run(_block("from refopt.kernels import cuda as kc             # NUMBA"),
+               tmp_path, monkeypatch)
+    assert out.strip() == "[16208, 49136, 16088]"  # torch 2.13 Adam(fused=True)'s bits
+
+
+def test_torch_sparse_momentum_example(tmp_path, monkeypatch):
+    code = "import numpy as np, refopt\n" + _block('refopt.SGD(learning_rate=0.1, momentum=0.9, '
+                                                  'convention="torch")')
+    out = _run(code, tmp_path, monkeypatch)
+    assert out.split() == ["[-0.16000003", "-0.74", "]", "[1,", "1]"]  # torch 2.13's
+
+
 def test_torch_sparse_sgd_example(tmp_path, monkeypatch):
     code = "import numpy as np, refopt\n" + _block("refopt.SGD(learning_rate=0.1, convention=\"torch\")")
     out = _run(code, tmp_path, monkeypatch)

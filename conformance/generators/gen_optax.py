@@ -312,10 +312,27 @@ def make_step(tx, mode):
     return jit_update
 
 
+def _from_bits(a):
+    """``make_inputs``' uint16 arrays are bfloat16 bits (cases.bfloat16_bits): as bfloat16."""
+    if isinstance(a, np.ndarray) and a.dtype == np.uint16:
+        import ml_dtypes
+
+        return a.view(ml_dtypes.bfloat16)
+    return a
+
+
+def _to_bits(a):
+    """A recorded bfloat16 array as its uint16 bits (store.storage_dtype); others as they are."""
+    if a is None:
+        return None
+    a = np.asarray(a)
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+
+
 def run_case(case):
     dtype = np.dtype(case["dtype"])
     init, grads = cases.make_inputs(case)
-    params = [jnp.asarray(a) for a in init]
+    params = [jnp.asarray(_from_bits(a)) for a in init]
     for p in params:
         assert p.dtype == dtype, (case["id"], p.dtype)
     tx = build_transformation(case)
@@ -332,14 +349,15 @@ def run_case(case):
             state_lr.append(np.array(lr_fn(jnp.int32(k - 1))))
         if any(g is None or isinstance(g, tuple) for g in row):
             raise ValueError(f"{case['id']}: optax takes dense gradients for every leaf only")
-        g = [jnp.asarray(x) for x in row]
+        g = [jnp.asarray(_from_bits(x)) for x in row]
         params, state = step(g, state, params)
-        recorded_params.append([np.array(p) for p in params])
+        recorded_params.append([_to_bits(np.array(p)) for p in params])
         opt_name, inner_state = case["optimizer"], state
         if case["optimizer"] == "MultiSteps":  # the inner optimizer's state
             opt_name = case["hyperparameters"]["inner_optimizer"]["class_name"]
             inner_state = state.inner_opt_state
         for name, per_var in record_slots(inner_state, len(params), opt_name).items():
+            per_var = [_to_bits(s) for s in per_var]
             slots.setdefault(name, [[None] * len(params)] * (k - 1)).append(per_var)
     store.save_case(case, framework="optax", versions=versions(), init=init, grads=grads,
                     params=recorded_params, slots=slots,

@@ -39,16 +39,30 @@ def _import_frameworks():
     return tf, tf_keras, keras
 
 
+def _from_bits(a):
+    """``make_inputs``' uint16 arrays are bfloat16 bits (cases.bfloat16_bits): as bfloat16."""
+    if isinstance(a, np.ndarray) and a.dtype == np.uint16:
+        import ml_dtypes
+
+        return a.view(ml_dtypes.bfloat16)
+    return a
+
+
+def _to_bits(a):
+    """A recorded bfloat16 array as its uint16 bits (store.storage_dtype); others as they are."""
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+
+
 def _tf_grad(tf, g, dtype, shape):
     """One entry of ``make_inputs``' gradient row as what a TF program would hand the optimizer."""
     if g is None:
         return None
     if isinstance(g, tuple):
         _, idx, values = g
-        return tf.IndexedSlices(tf.constant(values, dtype=dtype),
+        return tf.IndexedSlices(tf.constant(_from_bits(values), dtype=dtype),
                                 tf.constant(idx, dtype=tf.int64),
                                 tf.constant(shape, dtype=tf.int64))
-    return tf.constant(g, dtype=dtype)
+    return tf.constant(_from_bits(g), dtype=dtype)
 
 
 def _build_optimizer(case, tf_keras, keras):
@@ -137,7 +151,7 @@ def _record_slots(case, opt, variables):
             free = name in ("velocity_row", "velocity_col")  # Adafactor's factored shapes
             assert (free or a.shape == tuple(v.shape)) and a.dtype == np.dtype(case["dtype"]), (
                 name, a.dtype)
-            row.append(a)
+            row.append(_to_bits(a))
         recorded[name] = row
     return recorded
 
@@ -153,13 +167,15 @@ def run_loss_scale_case(case, tf, tf_keras, keras):
     inner = _build_optimizer(inner_case, tf_keras, keras)
     init, grads = cases.make_inputs(case)
     if conv == cases.TF:
-        variables = [tf.Variable(a, dtype=dtype, name=f"var{i}") for i, a in enumerate(init)]
+        variables = [tf.Variable(_from_bits(a), dtype=dtype, name=f"var{i}")
+                     for i, a in enumerate(init)]
         versions = {"tensorflow": tf.__version__, "tf_keras": tf_keras.__version__}
         opt = tf_keras.mixed_precision.LossScaleOptimizer(
             inner, initial_scale=hyper["initial_scale"],
             dynamic_growth_steps=hyper["dynamic_growth_steps"])
     else:
-        variables = [keras.Variable(a, dtype=dtype, name=f"var{i}") for i, a in enumerate(init)]
+        variables = [keras.Variable(_from_bits(a), dtype=dtype, name=f"var{i}")
+                     for i, a in enumerate(init)]
         versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
         opt = keras.optimizers.LossScaleOptimizer(
             inner, initial_scale=hyper["initial_scale"],
@@ -175,7 +191,7 @@ def run_loss_scale_case(case, tf, tf_keras, keras):
         else:
             opt.apply_gradients(list(zip(tg, variables)))
             scale, counter = opt.dynamic_scale, opt.step_counter
-        params.append([np.array(v.numpy()) for v in variables])
+        params.append([_to_bits(np.array(v.numpy())) for v in variables])
         for name, vals in _record_slots(inner_case, inner, variables).items():
             slots.setdefault(name, []).append(vals)
         state.setdefault("loss_scale", []).append(np.array(np.asarray(scale), np.float32))
@@ -194,10 +210,12 @@ def run_case(case, tf, tf_keras, keras):
     dtype = case["dtype"]
     init, grads = cases.make_inputs(case)
     if conv == cases.TF:
-        variables = [tf.Variable(a, dtype=dtype, name=f"var{i}") for i, a in enumerate(init)]
+        variables = [tf.Variable(_from_bits(a), dtype=dtype, name=f"var{i}")
+                     for i, a in enumerate(init)]
         versions = {"tensorflow": tf.__version__, "tf_keras": tf_keras.__version__}
     else:
-        variables = [keras.Variable(a, dtype=dtype, name=f"var{i}") for i, a in enumerate(init)]
+        variables = [keras.Variable(_from_bits(a), dtype=dtype, name=f"var{i}")
+                     for i, a in enumerate(init)]
         versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
     versions["numpy"] = np.__version__
     opt = _build_optimizer(case, tf_keras, keras)
@@ -206,7 +224,7 @@ def run_case(case, tf, tf_keras, keras):
     for row in grads:
         tg = [_tf_grad(tf, g, dtype, a.shape) for g, a in zip(row, init)]
         opt.apply_gradients(list(zip(tg, variables)))
-        params.append([np.array(v.numpy()) for v in variables])
+        params.append([_to_bits(np.array(v.numpy())) for v in variables])
         for name, vals in _record_slots(case, opt, variables).items():
             slots.setdefault(name, []).append(vals)
         if case["optimizer"] == "Nadam":  # one scalar shared by every variable

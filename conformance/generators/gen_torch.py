@@ -275,7 +275,9 @@ def run_case(case):
         for i, p in enumerate(params):
             for key, value in optimizer.state.get(p, {}).items():
                 if key in state_slots and isinstance(value, torch.Tensor):
-                    per_slot[state_slots[key]][i] = _to_numpy(value)
+                    # SGD's sparse momentum buffer (sparse gradients): its torch.to_dense()
+                    per_slot[state_slots[key]][i] = _to_numpy(
+                        value.to_dense() if value.is_sparse else value)
         if ema is not None:
             for i, a in enumerate(ema.module.parameters()):
                 per_slot["average"][i] = _to_numpy(a)
@@ -285,6 +287,14 @@ def run_case(case):
             state.setdefault("mu_product", []).append(
                 [optimizer.state[p]["mu_product"].detach().numpy().copy()
                  if "mu_product" in optimizer.state.get(p, {}) else None for p in params])
+        if case["optimizer"] == "SGD":  # the sparse momentum buffer as torch keeps it (issue 14)
+            bufs = [optimizer.state.get(p, {}).get("momentum_buffer") for p in params]
+            if any(b is not None and b.is_sparse for b in bufs):
+                for key, part in (("sparse_m_indices", lambda b: b._indices()[0]),
+                                  ("sparse_m_values", lambda b: b._values())):
+                    state.setdefault(key, []).append(
+                        [_to_numpy(part(b)) if b is not None and b.is_sparse else None
+                         for b in bufs])
         if case["optimizer"] == "ASGD":  # ASGD's per-parameter scalars (float32 0-d tensors)
             for key in ("eta", "mu"):
                 state.setdefault(key, []).append(

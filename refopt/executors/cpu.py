@@ -57,7 +57,7 @@ from refopt.kernels.cpu._common import deduplicate, launch, rows2d, stable_order
 from refopt.kernels.cpu.clipping import global_norm, sums_of_squares, torch_norms
 from refopt.reference import sqrt as _sqrt
 
-__all__ = ["CpuExecutor", "FlatState", "quick_pairs", "try_fast_step"]
+__all__ = ["CpuExecutor", "FlatState", "quick_pairs", "try_fast_step", "try_in_place_step"]
 
 _FALLBACK = (np.dtype(np.float16),) + tuple(  # and bfloat16 (ml_dtypes): the staged step
     d for d in _checks.FLOAT_DTYPES if d.kind == "V")  # unless computed in float32
@@ -96,12 +96,16 @@ class FlatState:
     """
 
     def __init__(self, var_list, slot_names, use_ema, initial=None, average_zero=False,
-                 slot_shape=None):
-        # A slot whose shape differs from its variable's (Adafactor's factored moments) is
-        # kept as separate arrays, outside the flat buffers: no rule kernel reads it.
-        apart = () if slot_shape is None else tuple(
+                 slot_shape=None, slot_dtype=None):
+        # A slot whose shape or dtype differs from its variable's (Adafactor's factored
+        # moments, Adam8bit's uint8 codes) is kept as separate arrays, outside the flat
+        # buffers: no rule kernel reads it.
+        shape_of = slot_shape or (lambda name, shape: shape)
+        dtype_of = slot_dtype or (lambda name, shape, dtype: dtype)
+        apart = tuple(
             name for name in slot_names
-            if any(tuple(slot_shape(name, v.shape)) != v.shape for v in var_list))
+            if any(tuple(shape_of(name, v.shape)) != v.shape
+                   or np.dtype(dtype_of(name, v.shape, v.dtype)) != v.dtype for v in var_list))
         flat_names = tuple(name for name in slot_names if name not in apart)
         n = len(var_list)
         self.offset = np.zeros(n, np.int64)
@@ -130,9 +134,10 @@ class FlatState:
             lo, hi = self.offset[i], self.offset[i] + var.size
             for name in slot_names:
                 if name in apart:
-                    value = 0 if initial is None else initial(name, var.dtype)
+                    sdt = np.dtype(dtype_of(name, var.shape, var.dtype))
+                    value = 0 if initial is None else initial(name, sdt)
                     self.slots[name].append(
-                        np.full(tuple(slot_shape(name, var.shape)), value, var.dtype))
+                        np.full(tuple(shape_of(name, var.shape)), value, sdt))
                     continue
                 self.slots[name].append(self.buffers[var.dtype][name][lo:hi].reshape(var.shape))
             if use_ema:
@@ -514,6 +519,42 @@ def try_fast_step(opt, positions, grads, lr_value):
     return True
 
 
+def try_in_place_step(opt, positions, grads, lr_value):
+    """Run one step with the optimizer's own in-place CPU step, if it has one and qualifies.
+
+    For the optimizers that are no single rule (the phased updates: ``Lamb``), which define
+    ``_in_place_step(items, lr_value) -> bool``: ``items`` is one ``(variable, gradient,
+    {slot: array}, step, decays)`` per variable (the live arrays; ``decays``: the weight decay
+    acts on it); the method checks everything before it writes, and returns False having
+    written nothing when it does not take a variable. The executor passes only what the
+    staged step would add nothing to: dense ndarray gradients (copied where they share memory
+    with what is written), no clipping, no EMA, no low-precision compute, no MKL root, no
+    variables sharing memory. Same arguments and return value as :func:`try_fast_step`.
+    """
+    method = getattr(opt, "_in_place_step", None)
+    state = opt._state
+    if method is None or state is None or state.overlap or opt.use_ema:
+        return False
+    if _plan.clip_kind(opt)[0] is not None or any(type(g) is not np.ndarray for g in grads):
+        return False
+    conv = opt.convention
+    if any(_precision.compute_dtype(conv, state.dtype_of[i], opt) is not None
+           for i in positions) or _sqrt.optimizer_takes_mkl_sqrt(opt, grads):
+        return False
+    if data_addresses([opt._vars[i] for i in positions]).tolist() != [
+            state.paddr_list[i] for i in positions]:
+        return False
+    grads, _ = _safe_grads(state, grads)
+    per_var = conv.step_counter == "per_variable"
+    decaying = opt._weight_decay_acts()
+    names = opt._slot_names()
+    items = [(opt._vars[i], g, {name: opt._slots[name][i] for name in names},
+              (opt._var_steps[i] if per_var else opt._iterations) + 1,
+              bool(decaying and id(opt._vars[i]) not in opt._exclude_ids))
+             for i, g in zip(positions, grads)]
+    return bool(method(items, lr_value))
+
+
 class CpuExecutor(ReferenceExecutor):
     """Numba: the host checks of the reference, a flat state, the fused rule-built kernels
     (:func:`try_fast_step`), and the staged step with :mod:`refopt.kernels.cpu`'s pure
@@ -529,18 +570,21 @@ class CpuExecutor(ReferenceExecutor):
     def allocate(self, opt, var_list):
         return FlatState(var_list, opt._slot_names(), opt.use_ema,
                          lambda name, dt: _precision.slot_initial_value(opt, name, dt),
-                         average_zero=opt.convention.ema == "keras3", slot_shape=opt.slot_shape)
+                         average_zero=opt.convention.ema == "keras3", slot_shape=opt.slot_shape,
+                         slot_dtype=opt.slot_dtype)
 
     def quick_step(self, opt, grads_and_vars, lr_value):
         quick = quick_pairs(opt, grads_and_vars)
         if quick is None or opt._iterations >= _INT64_MAX:
             return None
         with np.errstate(all="ignore"):
-            return quick[0] if try_fast_step(opt, *quick, lr_value) else None
+            return quick[0] if (try_fast_step(opt, *quick, lr_value)
+                                or try_in_place_step(opt, *quick, lr_value)) else None
 
     def run_step(self, opt, positions, grads, lr_value):
         with np.errstate(all="ignore"):  # NaN and inf propagate silently, as in TensorFlow
-            if try_fast_step(opt, positions, grads, lr_value):
+            if try_fast_step(opt, positions, grads, lr_value) or try_in_place_step(
+                    opt, positions, grads, lr_value):
                 return
             kernels = opt._kernels
             if _sqrt.optimizer_takes_mkl_sqrt(opt, grads):

@@ -56,8 +56,10 @@ plan of :mod:`refopt.executors.plan` (the same plan and rules as ``backend="cpu"
   sparse gradient (refused by the frameworks: the reference's error), PyTorch's and optax's
   sparse Adam (the reference's TypeError), ``keras3_sparse_square``, LazyAdam with AMSGrad
   under PyTorch (no SparseAdam rule), float16 RMSprop under torch/optax (the reference's
-  float16 FMA rounds once, the rule's twice), float16 computed in float32 (PyTorch's fused
-  Adam/AdamW under the torch preset; :mod:`refopt.precision`), and
+  float16 FMA rounds once, the rule's twice), float16 under torch's for-loop Adam, AdamW,
+  SGD, Adagrad and RMSprop (op by op, :func:`refopt.reference.bf16.takes`: the staged step's
+  own check), float16/bfloat16 computed in float32 with
+  clipping, the EMA or a sparse gradient (:mod:`refopt.precision`), and
   optimizers without a rule. Same numbers;
   the cost is the state's round trip. ``opt._state.fallbacks`` counts those steps per reason.
 
@@ -65,7 +67,18 @@ Everything that can raise is checked (and every scalar, norm, clip factor and ta
 computed) before the first launch, so a raising ``apply_gradients`` changes nothing.
 
 float16 variables are computed in float32 and rounded to float16 after every operation
-(NumPy's float16 arithmetic, bit for bit). Never run on a real GPU yet.
+(NumPy's float16 arithmetic, bit for bit), where the convention computes in the dtype.
+Where it computes them in float32 (``low_precision_compute="float32"``, and
+``"torch_fused"`` for Adam/AdamW: PyTorch's fused kernels), float16 and bfloat16 variables
+run on the low-precision ``dense`` kernel (``drivers.kernels(..., low=...)``): the variables,
+gradients and flat slot buffers are passed as their uint16 bits, each element loaded exactly
+into float32 (:mod:`refopt.kernels.cuda.halfbits`), the rule's float32 call (the plan and
+scalars of a float32 variable) applied, and the variable and each slot rounded once to
+nearest even; bit for bit the reference's (and torch 2.13's fused Adam, AdamW and SGD on the
+golden cases). bfloat16 variables are numba device arrays of ``ml_dtypes.bfloat16``
+(``refopt.kernels.cuda.to_device`` of a host bfloat16 array; numba allocates and copies them
+as bytes, the kernels see them through ``.view(numpy.uint16)``); their slots are bfloat16
+device arrays too. Never run on a real GPU yet.
 """
 
 from __future__ import annotations
@@ -152,13 +165,16 @@ def check_no_overlap(views, what):
 
 
 def view(var, where):
-    """The numba device view of a variable, after checking dtype and layout."""
+    """The numba device view of a variable, after checking dtype (float16, bfloat16,
+    float32, float64; whether the convention takes bfloat16 is
+    :func:`refopt.precision.check_supported`'s) and layout."""
     kc = _kc()
     d = kc.as_device(where, var)
-    if np.dtype(d.dtype) not in kc.DTYPES:
+    if np.dtype(d.dtype) not in kc.DTYPES and not _low_kind(d.dtype):
         raise TypeError(
-            f"backend='cuda' computes in float16, float32 or float64. Received: {where} with "
-            f"dtype={d.dtype}"
+            f"backend='cuda' computes in float16, float32 or float64 (and takes "
+            f"ml_dtypes.bfloat16 where the convention computes it in float32). Received: "
+            f"{where} with dtype={d.dtype}"
         )
     if not d.is_c_contiguous():
         raise ValueError(
@@ -204,16 +220,20 @@ class CudaState:
     MAX_TABLES = 64
 
     def __init__(self, var_list, slot_names, use_ema, initial=None, average_zero=False,
-                 slot_shape=None):
+                 slot_shape=None, slot_dtype=None):
         kc = _kc()
         kc.check_config()
         self.views = [view(v, f"var_list[{i}]") for i, v in enumerate(var_list)]
-        # A slot whose shape differs from its variable's (Adafactor's factored moments):
-        # separate device arrays, outside the flat buffers (no rule kernel reads it).
-        apart = () if slot_shape is None else tuple(
+        # A slot whose shape or dtype differs from its variable's (Adafactor's factored
+        # moments, Adam8bit's uint8 codes): separate device arrays, outside the flat buffers
+        # (no rule kernel reads it).
+        shape_of = slot_shape or (lambda name, shape: shape)
+        dtype_of = slot_dtype or (lambda name, shape, dtype: dtype)
+        apart = tuple(
             name for name in slot_names
-            if any(tuple(slot_shape(name, tuple(d.shape))) != tuple(d.shape)
-                   for d in self.views))
+            if any(tuple(shape_of(name, tuple(d.shape))) != tuple(d.shape)
+                   or np.dtype(dtype_of(name, tuple(d.shape), np.dtype(d.dtype)))
+                   != np.dtype(d.dtype) for d in self.views))
         check_no_overlap(self.views, "var_list")
         self.dtypes = [np.dtype(d.dtype) for d in self.views]
         self.specs = [(tuple(d.shape), dt) for d, dt in zip(self.views, self.dtypes)]
@@ -234,9 +254,10 @@ class CudaState:
         per = {name: [self._view(i, name) for i in range(len(self.views))] for name in names}
         for name in apart:
             per[name] = [
-                kc.to_device(np.full(tuple(slot_shape(name, tuple(d.shape))),
-                                     0 if initial is None else initial(name, dt), dt))
-                for d, dt in zip(self.views, self.dtypes)]
+                kc.to_device(np.full(tuple(shape_of(name, tuple(d.shape))),
+                                     0 if initial is None else initial(name, sdt), sdt))
+                for d, dt in zip(self.views, self.dtypes)
+                for sdt in (np.dtype(dtype_of(name, tuple(d.shape), dt)),)]
         self.slots = {name: per[name] for name in slot_names}
         self.averages = per.get("average", [])
         if not average_zero:
@@ -432,6 +453,7 @@ def _fused(opt, positions, grads, lr_value, kc):
         raise _Fallback(f"{type(opt).__name__} has no rule (update_rule)")
     if opt.use_ema and opt.ema_momentum is None:
         raise _Fallback("the equal-weight average (ema_momentum=None) has no rule")
+    from refopt.reference import bf16 as _loop
     from refopt.reference.sqrt import optimizer_takes_mkl_sqrt
 
     if optimizer_takes_mkl_sqrt(opt, grads):
@@ -442,9 +464,24 @@ def _fused(opt, positions, grads, lr_value, kc):
     if kind == "several":
         raise _Fallback("Keras 2's several clips in sequence")
     dtypes_present = {dtype_of[i] for i in positions}
-    if _precision.compute_dtype(conv, np.float16, opt) is not None and any(
-            np.dtype(d) == np.float16 for d in dtypes_present):
-        raise _Fallback("float16 computed in float32 (refopt.precision)")
+    # float16/bfloat16 computed in float32 (refopt.precision: PyTorch's fused kernels): the
+    # low-precision dense kernels (uint16 bits loaded exactly into float32, the rule in
+    # float32, each stored tensor rounded once), for dense gradients without clipping or EMA
+    # (as backend="cpu"); those, and bfloat16 computed in its dtype, take the host step
+    low = {dt: _low_kind(dt) for dt in dtypes_present if _low_kind(dt)}
+    for dt in low:
+        if _precision.compute_dtype(conv, dt, opt) is None:
+            if dt != np.float16:  # float16 computed in float16: the ordinary kernels
+                raise _Fallback(f"{dt.name} computed in its dtype")
+            if any(_loop.takes(opt, dt, sparse=isinstance(g, IndexedSlices))
+                   for i, g in zip(positions, grads) if dtype_of[i] == dt):
+                raise _Fallback("float16 computed op by op as torch's for-loop "
+                                "(refopt.reference.bf16)")
+        elif opt.use_ema or kind is not None or any(
+                isinstance(g, IndexedSlices) for g in grads):
+            raise _Fallback(f"{dt.name} computed in float32 (refopt.precision)")
+    low = {dt: k for dt, k in low.items()
+           if _precision.compute_dtype(conv, dt, opt) is not None}
     if kind == "global" and len(dtypes_present) > 1:
         # TF: a TypeError (the reference raises it); torch/optax: one norm over mixed dtypes
         raise _Fallback("global norm clipping over gradients of mixed dtypes")
@@ -573,14 +610,16 @@ def _fused(opt, positions, grads, lr_value, kc):
 
     slot_names = set(opt._slot_names())
     for grp in groups.values():
-        pl = _plan.plan(planner, grp.dtype, lr_value, grp.step, 0)
+        cdt = _FLOAT32 if grp.dtype in low else grp.dtype  # the compute dtype
+        pl = _plan.plan(planner, cdt, lr_value, grp.step, 0)
         if pl is None:
             raise _Fallback("a step the fused plan cannot express")
-        pl.psc[S.P_CLIP] = cvs.get(grp.dtype, grp.dtype.type(0))
+        pl.psc[S.P_CLIP] = cdt.type(0) if grp.dtype in low else cvs.get(grp.dtype,
+                                                                         cdt.type(0))
         grp.plan = pl  # the sparse members' decay reads it too
         if not grp.pos:
             continue
-        rc = opt._rule(grp.dtype, lr_value, grp.step, optax_weight_decay=grp.owd)
+        rc = opt._rule(cdt, lr_value, grp.step, optax_weight_decay=grp.owd)
         if rc is None or "cuda" not in rc.rule.targets or set(rc.rule.slots) != slot_names:
             raise _Fallback(f"{type(opt).__name__} has no rule for this step")
         grp.rc = rc
@@ -639,6 +678,16 @@ def _fused(opt, positions, grads, lr_value, kc):
         dec = [k is not None and decays[k] for k in grp.ks]
         cmodes = [cm[k] if k is not None else 0 for k in grp.ks]
         segs = state.rule_segments(dt, grp.pos, dec, tails, active, cmodes)
+        if dt in low:  # the bits, the rule in float32 (no clip, no EMA: checked above)
+            ks_ = drivers.kernels(rc.rule, rc.fl, pl.dmode, 0, segs.tpb, _FLOAT32,
+                                  items=segs.items, low=low[dt])
+            params = [_bits(state.views[i]) for i in grp.pos]
+            gs = [_bits(g) for g in grp.grads]
+            slots = [_bits(state.buffers[dt][name]) for name in rc.rule.slots]
+            calls.append((drivers.launch_dense, (ks_, segs, segs.clip_pairs(_FLOAT32), params,
+                                                 gs, slots, slots[0] if slots else params[0],
+                                                 False, pl.psc, rc.sc), {}))
+            continue
         if kind in ("norm", "global"):
             clips = segs.clip_pairs(dt, [cd[k] if k is not None else 1 for k in grp.ks],
                                     [cs[k] if k is not None else 1 for k in grp.ks])
@@ -657,6 +706,21 @@ def _fused(opt, positions, grads, lr_value, kc):
                                                      else params[0].ravel()), pl.overwrite,
                                              pl.psc, rc.sc), {}))
     return calls
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _low_kind(dtype):
+    """The :mod:`refopt.kernels.cuda.halfbits` format of a float16/bfloat16 dtype, else 0."""
+    from refopt.kernels.cpu.halfbits import kind_of
+
+    return kind_of(dtype)
+
+
+def _bits(d):
+    """The uint16 view (same device memory) of a float16/bfloat16 device array, flattened."""
+    return d.reshape(d.size).view(np.uint16)
 
 
 def _reference_clone(opt):
@@ -826,7 +890,8 @@ class CudaExecutor(Executor):
 
     def allocate(self, opt, var_list):
         return CudaState(var_list, opt._slot_names(), opt.use_ema, opt._slot_initial_value,
-                         average_zero=opt.convention.ema == "keras3", slot_shape=opt.slot_shape)
+                         average_zero=opt.convention.ema == "keras3", slot_shape=opt.slot_shape,
+                         slot_dtype=opt.slot_dtype)
 
     def run_step(self, opt, positions, grads, lr_value):
         kc = _kc()

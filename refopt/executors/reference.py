@@ -60,8 +60,9 @@ class HostState:
                              for v in var_list]
         self.slots = {
             name: [np.full(opt.slot_shape(name, v.shape),
-                           _precision.slot_initial_value(opt, name, v.dtype), v.dtype)
-                   for v in var_list]
+                           _precision.slot_initial_value(opt, name, sdt), sdt)
+                   for v in var_list
+                   for sdt in (np.dtype(opt.slot_dtype(name, v.shape, v.dtype)),)]
             for name in opt._slot_names()
         }
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from refopt import precision as _precision
 from refopt.indexed_slices import IndexedSlices
+from refopt.reference import bf16 as _loop_bf16
 from refopt.reference import variants as _variants
 
 __all__ = ["compute", "commit", "clip", "decay", "average"]
@@ -154,6 +155,12 @@ def compute(opt, present, lr_value, dedup=None):
             rows = None
             param = var
             slots = {name: opt._slots[name][i] for name in opt._slot_names()}
+        if _loop_bf16.takes(opt, var.dtype, sparse=rows is not None or isinstance(
+                grad, IndexedSlices)):  # bfloat16/float16 op by op: refopt.reference.bf16
+            new_param, new_slots = _loop_bf16.update(opt, param, grad, slots, lr_value, step,
+                                                     decays, sparse=rows is not None)
+            out[id(var)] = (new_param, new_slots, None, rows)
+            continue
         extra = {}
         # float16/bfloat16 under low_precision_compute="float32" (PyTorch's opmath): decay
         # and update in float32 on exact copies, each result rounded once (refopt.precision)

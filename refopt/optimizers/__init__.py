@@ -7,6 +7,7 @@ from refopt.optimizers.adam import Adam, AdamW, LazyAdam
 from refopt.optimizers.adamax import Adamax
 from refopt.optimizers.asgd import ASGD
 from refopt.optimizers.base import Optimizer
+from refopt.optimizers.eightbit import Adam8bit, AdamW8bit, Lion8bit
 from refopt.optimizers.ftrl import Ftrl
 from refopt.optimizers.proximal import ProximalAdagrad, ProximalGradientDescent
 from refopt.optimizers.lamb import Lamb
@@ -30,7 +31,9 @@ __all__ = [
     "Adafactor",
     "Adagrad",
     "Adam",
+    "Adam8bit",
     "AdamW",
+    "AdamW8bit",
     "Adamax",
     "Ftrl",
     "ProximalAdagrad",
@@ -38,6 +41,7 @@ __all__ = [
     "Lamb",
     "LazyAdam",
     "Lion",
+    "Lion8bit",
     "Nadam",
     "Optimizer",
     "RAdam",

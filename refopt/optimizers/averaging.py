@@ -60,7 +60,6 @@ def _check_int(name, value, low):
 class _AveragedWrapper(_Wrapper):
     """TF-Addons' ``AveragedOptimizerWrapper``: the inner step, then an average per variable."""
 
-    _EXTRA_STATE_KEYS = ()
     _tfa_name = ""
 
     def _init_inner(self, optimizer, name, convention, backend, clip):
@@ -149,6 +148,12 @@ class _AveragedWrapper(_Wrapper):
         if name == "average":
             return tuple(shape)
         return self.inner_optimizer.slot_shape(name, shape)
+
+    def slot_dtype(self, name, shape, dtype):
+        """The dtype of slot ``name`` (``"average"``: the variable's ``dtype``)."""
+        if name == "average":
+            return np.dtype(dtype)
+        return self.inner_optimizer.slot_dtype(name, shape, dtype)
 
     def get_slot(self, var, slot_name):
         """The live array ``slot_name`` of ``var``: ``"average"`` or an inner slot.

@@ -744,6 +744,13 @@ class Optimizer:
         with one takes the staged step there unless its rule says otherwise."""
         return tuple(shape)
 
+    def slot_dtype(self, name, shape, dtype):
+        """The dtype of slot ``name`` of a variable of ``shape`` and ``dtype`` (override it;
+        default the variable's own). bitsandbytes' 8-bit optimizers keep uint8 codes and
+        float32 block maxima (:class:`refopt.Adam8bit`); like a slot of another shape, a
+        slot of another dtype is kept outside the fused backends' flat buffers."""
+        return np.dtype(dtype)
+
     def _slot_groups(self):
         """Slot names in tf-keras creation order: a tuple of groups, each interleaved per variable."""
         return (tuple(self.slot_variables),) if self.slot_variables else ()
@@ -960,6 +967,16 @@ class Optimizer:
         """
         return _pipeline.apply_gradients(self, grads_and_vars)
 
+    def _grads_checked_against_state(self):
+        """Whether this step's gradients must be checked against the optimizer's state
+        (:meth:`_check_grads_against_state`) before any backend runs it; False here, so the
+        backends' quick paths are taken."""
+        return False
+
+    def _check_grads_against_state(self, pairs):
+        """Raise for a gradient the state cannot take (``pairs``: the executor's checked
+        ``(gradient, variable, (shape, dtype))`` triples); nothing has changed then."""
+
     def _is_lazy(self):
         """Whether an IndexedSlices gradient updates only its rows (LazyAdam; TF1 momentum)."""
         return self._lazy_sparse
@@ -1054,7 +1071,8 @@ class Optimizer:
             :attr:`slot_names`, ``"average"`` last with ``use_ema``); ``"slots"`` (dict:
             slot name -> list with one ndarray per built variable, in build order, of the
             slot's shape (:meth:`slot_shape`: Adafactor's factored moments are smaller)
-            and the variable's dtype; empty when not built); ``"variable_steps"`` (list of
+            and dtype (:meth:`slot_dtype`: the variable's, except e.g. ``Adam8bit``'s
+            uint8 codes); empty when not built); ``"variable_steps"`` (list of
             int, one per built variable: PyTorch's per-variable step counts, see the
             ``step_counter`` knob; empty when not built); ``"excluded_from_weight_decay"``
             (list of int: the build-order positions of the variables given to

@@ -53,6 +53,14 @@ _DEFAULT_GROWTH_STEPS = 2000  # Keras, TF1 and torch alike
 _TORCH_FUSED = ("Adam", "AdamW")
 
 
+def _fused_kernel_divides(optimizer):
+    """Whether torch unscales ``optimizer``'s gradients by dividing by the scale: its fused
+    Adam/AdamW (``_step_supports_amp_scaling``) take the scale into the kernel, which
+    divides; every other torch optimizer gets ``unscale_``'s multiplication."""
+    return (type(optimizer).__name__ in _TORCH_FUSED
+            and optimizer.convention.moment_update == "torch_fma")
+
+
 def _to_host(g):
     """A gradient as host values: ``(kind, values)``; kind says how to give it back."""
     if g is None:
@@ -174,6 +182,16 @@ class _Wrapper(Optimizer):
     ``Optimizer.__init__`` is not called; attribute reads the wrapper does not define go to
     the inner optimizer, and the public methods that write delegate explicitly."""
 
+    #: the wrapper's own keys of its state_dict, saved in checkpoints' meta (JSON)
+    _OWN_STATE_KEYS = ()
+
+    @property
+    def _EXTRA_STATE_KEYS(self):
+        """The wrapper's own state keys, then the inner optimizer's (torch's sparse momentum
+        buffers of an inner SGD travel in the checkpoint too)."""
+        return self._OWN_STATE_KEYS + tuple(getattr(self.inner_optimizer,
+                                                    "_EXTRA_STATE_KEYS", ()))
+
     def __getattr__(self, name):  # reads of the inner optimizer's state (not called for ours)
         if name == "inner_optimizer":
             raise AttributeError(name)
@@ -241,6 +259,9 @@ class _Wrapper(Optimizer):
 
     def slot_shape(self, name, shape):
         return self.inner_optimizer.slot_shape(name, shape)
+
+    def slot_dtype(self, name, shape, dtype):
+        return self.inner_optimizer.slot_dtype(name, shape, dtype)
 
     def build(self, var_list):
         return self.inner_optimizer.build(var_list)
@@ -427,8 +448,7 @@ class LossScaleOptimizer(_Wrapper):
             for _, v, _ in checked:
                 inner._position(v)  # KeyError for a variable it was not built with
         kinds, values = zip(*[_to_host(g) for g, _ in pairs])
-        divide = (self._rule.flavour == "torch" and type(inner).__name__ in _TORCH_FUSED
-                  and inner.convention.moment_update == "torch_fma")
+        divide = self._rule.flavour == "torch" and _fused_kernel_divides(inner)
         unscaled = self._rule.unscale(values, self.dynamic_scale, divide)
         if not self.dynamic:
             finite = True
@@ -454,7 +474,7 @@ class LossScaleOptimizer(_Wrapper):
 
     # -------------------------------------------------------------- state and config
     #: state_dict keys beyond the inner optimizer's, saved by :func:`refopt.save_checkpoint`
-    _EXTRA_STATE_KEYS = ("loss_scale",)
+    _OWN_STATE_KEYS = ("loss_scale",)
 
     def state_dict(self):
         """The inner optimizer's :meth:`~refopt.Optimizer.state_dict` under this class and
@@ -575,8 +595,9 @@ class GradScaler:
     ``inv = f32(1 / f64(s))`` (torch's reciprocal, computed in double) and records whether
     any **scaled** gradient held an inf or NaN (a finite gradient that overflows when
     unscaled is not detected, as in torch). For refopt's ``Adam``/``AdamW`` under
-    ``"torch"`` (torch's fused kernels) the gradient is divided by ``s`` instead, as the fused
-    kernel does. :meth:`step` applies unless an inf was found (then the optimizer, its
+    ``"torch_fused"`` (torch's ``fused=True`` kernels) the gradient is divided by ``s``
+    instead, as the fused kernel does; under ``"torch"`` (the default for-loop, which does not
+    take the scale) it is multiplied. :meth:`step` applies unless an inf was found (then the optimizer, its
     counters included, is untouched). :meth:`update`::
 
         found: s = f32(s * backoff_factor); tracker = 0
@@ -651,8 +672,7 @@ class GradScaler:
                     "master weights; with its fused Adam/AdamW torch accepts them and divides "
                     "by the scale in float32 inside the kernel, which refopt does not "
                     f"reproduce yet). Received: gradient {i} of dtype float16")
-        divide = type(optimizer).__name__ in _TORCH_FUSED and \
-            optimizer.convention.name == "torch"
+        divide = _fused_kernel_divides(optimizer)
         unscaled = self._rule.unscale(values, self._scale, divide)
         found = not _all_finite(values)
         grads = [(_from_host(k, g, u), v) for k, (g, v), u in zip(kinds, pairs, unscaled)]

@@ -104,7 +104,7 @@ class MultiSteps(_Wrapper):
     ([-2.3333332538604736], 1)
     """
 
-    _EXTRA_STATE_KEYS = ("multi_steps",)
+    _OWN_STATE_KEYS = ("multi_steps",)
 
     def __init__(self, inner_optimizer, every_k_schedule, use_grad_mean=True,
                  should_skip_update_fn=None, accumulator_dtype="float32", name="multi_steps",

@@ -50,10 +50,19 @@ class SGD(Optimizer):
     duplicates first. An :class:`~refopt.IndexedSlices` gradient under ``"torch"`` without momentum is
     torch's sparse step: only the rows present move, each occurrence added in turn
     (duplicates not summed first; :func:`refopt.reference.sgd_sparse_torch_update`, golden
-    cases ``torch/sgd_sparse_*``). With momentum torch keeps a sparse buffer that grows by
-    every step's entries; refopt densifies the gradient there (the dense step: the same
-    values up to rounding, every row's buffer decaying). ``weight_decay`` with a sparse
-    gradient raises ``TypeError``, as torch refuses it.
+    cases ``torch/sgd_sparse_*``). With momentum under ``"torch"`` the buffer is torch's
+    uncoalesced sparse COO tensor (:func:`refopt.reference.sgd_sparse_torch_momentum_update`:
+    a copy of the first gradient, then ``buf.mul_(momentum).add_(grad, alpha=1 - dampening)``
+    as ATen's one-pass merge, growing by the entries that do not line up, Nesterov's
+    ``grad.add(buf, alpha=momentum)`` alike, each entry added to the variable in turn;
+    golden cases ``torch/sgd_sparse_momentum_*``, ``torch/sgd_sparse_nesterov_*``). The
+    slot ``m`` is its ``to_dense()``; the buffer itself is in :meth:`state_dict`
+    (``"sparse_momentum"``) and in checkpoints. A variable whose buffer is dense (earlier
+    dense gradients) adds the sparse entries into it in turn, as torch. Where torch raises,
+    refopt raises ``TypeError`` and changes nothing: a dense gradient for a variable whose
+    buffer is sparse, and Nesterov with a dense buffer and a sparse gradient. Other momentum conventions (and a global ``step_counter``)
+    densify the gradient. ``weight_decay`` with a sparse gradient raises ``TypeError``, as
+    torch refuses it.
 
     Examples
     --------
@@ -127,11 +136,91 @@ class SGD(Optimizer):
         it in turn (:func:`refopt.reference.sgd_sparse_scatter_update`; the convention knob
         ``sgd_sparse_scatter``): the staged step keeps them."""
         conv = self.convention
+        if self._torch_sparse_momentum():  # torch's sparse momentum buffer keeps them too
+            return True
         return self.momentum == 0 and (conv.sgd_momentum in ("torch", "torch_fused")
                                        or conv.sgd_sparse_scatter)
 
-    #: with the occurrences kept, only the present rows move: the staged step gathers them
-    _rows_in_turn = True
+    def _torch_sparse_momentum(self):
+        """Whether an IndexedSlices gradient takes torch's sparse momentum buffer
+        (:func:`refopt.reference.sgd_sparse_torch_momentum_update`): momentum under the
+        ``"torch"`` SGD form with PyTorch's per-variable step counts."""
+        conv = self.convention
+        return (self.momentum != 0 and conv.sgd_momentum == "torch"
+                and conv.step_counter == "per_variable")
+
+    @property
+    def _rows_in_turn(self):
+        """Without momentum only the present rows move (the staged step gathers them); torch's
+        sparse momentum step takes the whole variable and its buffer."""
+        return self.momentum == 0
+
+    def _reset_state(self):
+        super()._reset_state()
+        # torch's sparse momentum buffers: build position -> {per-variable step: buffer}.
+        # The step's own entry is written when computed; a step that raises leaves the
+        # counter unchanged, so the entry read (the variable's committed step) is never a
+        # failed step's.
+        self._sparse_momentum = {}
+
+    def _grads_checked_against_state(self):
+        """True while a variable holds torch's sparse momentum buffer."""
+        return bool(self._sparse_momentum)
+
+    def _check_grads_against_state(self, pairs):
+        """A dense gradient for a variable whose momentum buffer is torch's sparse one raises
+        ``TypeError``, as torch does (``buf.mul_(momentum).add_(dense)`` on a sparse buffer:
+        torch raises after scaling the buffer; refopt changes nothing)."""
+        for k, (grad, var, _) in enumerate(pairs):
+            if grad is None or isinstance(grad, IndexedSlices):
+                continue
+            i = self._position(var)
+            if self._sparse_buffer(i, self._var_steps[i] + 1) is not None:
+                raise TypeError(
+                    f"The variable at position {k} has PyTorch's sparse momentum buffer "
+                    "(its earlier gradients were IndexedSlices), which cannot take a dense "
+                    "gradient: torch raises there (adding a dense tensor to a sparse one in "
+                    "place). Received a dense gradient of shape "
+                    f"{tuple(np.shape(grad))}")
+
+    def _sparse_buffer(self, i, step):
+        """The sparse buffer of variable ``i`` after its committed step ``step - 1`` (None)."""
+        return self._sparse_momentum.get(i, {}).get(step - 1)
+
+    def _torch_sparse_step(self, param, grad, slots, learning_rate, step):
+        from refopt.reference.sgd import sgd_sparse_torch_update
+        from refopt.reference.sgd_sparse_momentum import (
+            sgd_sparse_torch_momentum_update,
+            sparse_buffer_to_dense,
+        )
+        from refopt.reference.variants import fma
+
+        i = self._index.get(id(param))
+        if i is None:  # pragma: no cover - the staged step passes the variable itself
+            raise RuntimeError("SGD: torch's sparse momentum step needs the variable itself")
+        buf = self._sparse_buffer(i, step) if step > 1 else None
+        if step > 1 and buf is None:
+            # the buffer is dense (earlier dense gradients): torch's buf.mul_(momentum)
+            # .add_(sparse, alpha=1 - dampening), each entry in turn; then param.add_(buf)
+            if self.nesterov:
+                raise TypeError(
+                    "PyTorch's Nesterov SGD cannot add a dense momentum buffer to a sparse "
+                    "gradient (torch: add(sparse, dense) is not supported). Received an "
+                    f"IndexedSlices for the variable at position {i} after dense gradients.")
+            dtype = param.dtype
+            with np.errstate(all="ignore"):
+                m = slots["m"] * dtype.type(self.momentum)
+                m = sgd_sparse_torch_update(m, grad, learning_rate=-(1.0 - self.dampening))
+                p = fma(dtype.type(-float(learning_rate)), m, param)
+            return np.asarray(p, dtype), {"m": np.asarray(m, dtype)}
+        r = sgd_sparse_torch_momentum_update(
+            param, grad, buf, learning_rate=learning_rate, momentum=self.momentum,
+            dampening=self.dampening, nesterov=self.nesterov)
+        per_var = self._sparse_momentum.setdefault(i, {})
+        for k in [k for k in per_var if k != step - 1]:
+            del per_var[k]
+        per_var[step] = r.buffer
+        return r.param, {"m": sparse_buffer_to_dense(r.buffer, param.shape)}
 
     #: linear in the gradient: Keras 3's raw duplicate slices sum to the same rows
     _raw_slices_matter = False
@@ -142,6 +231,8 @@ class SGD(Optimizer):
             return Optimizer._update_step(self, param, grad, slots, learning_rate, step,
                                           weight_decay, lazy_rows)
         conv = self.convention
+        if isinstance(grad, IndexedSlices) and self._torch_sparse_momentum():
+            return self._torch_sparse_step(param, grad, slots, learning_rate, step)
         if lazy_rows and isinstance(grad, IndexedSlices):  # the occurrences in turn
             update = (self._kernels.sgd_sparse_torch_update
                       if conv.sgd_momentum in ("torch", "torch_fused")
@@ -166,6 +257,118 @@ class SGD(Optimizer):
             nesterov=self.nesterov,
         )
         return r.param, {"m": r.m}
+
+    #: torch's sparse momentum buffers travel in checkpoints as JSON (exact hex floats)
+    _EXTRA_STATE_KEYS = ("sparse_momentum",)
+    #: ... one entry per variable, in build order (checkpoints write the file's order)
+    _PER_VARIABLE_STATE_KEYS = ("sparse_momentum",)
+
+    def state_dict(self):
+        """:meth:`Optimizer.state_dict`, plus ``"sparse_momentum"``: one entry per built
+        variable (build order), None or ``{"indices": [int, ...], "values": [str, ...]}``,
+        torch's uncoalesced sparse momentum buffer after the variable's last step (its
+        entries in torch's order; the values flattened, each ``float.hex``)."""
+        sd = super().state_dict()
+        entries = []
+        if self._built:
+            for i, k in enumerate(self._var_steps):
+                buf = self._sparse_momentum.get(i, {}).get(k)
+                entries.append(None if buf is None else {
+                    "indices": [int(j) for j in buf.indices],
+                    "values": [float(x).hex() for x in buf.values.reshape(-1)]})
+        sd["sparse_momentum"] = entries
+        return sd
+
+    def _parse_sparse_momentum(self, sd, var_list):
+        """``sd["sparse_momentum"]`` checked and decoded: ``{position: {step: buffer}}``;
+        raises ValueError/TypeError before anything is written."""
+        from refopt.reference.sgd_sparse_momentum import SparseMomentumBuffer
+
+        raw = sd.get("sparse_momentum")
+        if raw is None or (isinstance(raw, (list, tuple)) and not any(
+                e is not None for e in raw)):
+            return {}
+        if not isinstance(raw, (list, tuple)):
+            raise TypeError("`state_dict['sparse_momentum']` must be a list (one entry per "
+                            f"variable). Received: {type(raw).__name__}")
+        # shapes only (a variable may be a torch tensor or a device array); the values are
+        # decoded in float64 (exact for every dtype) and cast once the build is known
+        if var_list is not None:
+            specs = [(tuple(v.shape), np.float64) for v in var_list]
+        else:
+            specs = [(tuple(sh), np.float64) for sh, _ in self._var_specs]
+        steps = list(sd.get("variable_steps") or [])
+        if len(raw) != len(specs) or len(steps) != len(specs):
+            raise ValueError(
+                f"`state_dict['sparse_momentum']` must hold one entry per variable "
+                f"({len(specs)}), with the variables' step counts. Received: {len(raw)} "
+                f"entries, {len(steps)} step counts")
+        out = {}
+        for i, entry in enumerate(raw):
+            if entry is None:
+                continue
+            shape, dtype = specs[i]
+            where = f"`state_dict['sparse_momentum'][{i}]`"
+            try:
+                idx = np.array([int(j) for j in entry["indices"]], np.int64)
+                vals = np.array([float.fromhex(x) for x in entry["values"]], dtype)
+            except (TypeError, KeyError, ValueError, OverflowError) as exc:
+                raise ValueError(f"{where} must be a dict of integer 'indices' and hex float "
+                                 f"'values' ({type(exc).__name__}: {exc})") from None
+            width = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+            if not shape or vals.size != idx.size * width or (
+                    idx.size and (idx.min() < 0 or idx.max() >= shape[0])):
+                raise ValueError(f"{where} does not fit variable {i} of shape {shape}: "
+                                 f"{idx.size} indices, {vals.size} values")
+            out[i] = {int(steps[i]): SparseMomentumBuffer(idx, vals.reshape(
+                (idx.size,) + shape[1:]))}
+        return out
+
+    def _extra_state_arrays(self, sd):
+        """For :mod:`refopt.functional`: ``{"sparse_momentum": [one float64 array per
+        variable]}`` when a variable has a sparse buffer, else ``{}``. Each array is
+        ``[1, indices..., values...]`` (``[0]``: none), exact for every dtype."""
+        entries = sd.get("sparse_momentum") or []
+        if not any(e is not None for e in entries):
+            return {}
+        packed = []
+        for e in entries:
+            if e is None:
+                packed.append(np.zeros(1, np.float64))
+                continue
+            vals = np.array([float.fromhex(x) for x in e["values"]], np.float64)
+            packed.append(np.concatenate(([1.0], np.asarray(e["indices"], np.float64), vals)))
+        return {"sparse_momentum": packed}
+
+    def _extra_state_from_arrays(self, key, arrays):
+        """The inverse of :meth:`_extra_state_arrays` (state_dict's entries; checked by
+        :meth:`load_state_dict`)."""
+        entries = []
+        for i, a in enumerate(arrays):
+            a = np.asarray(a, np.float64).reshape(-1)
+            if a.size == 0 or a[0] == 0:
+                entries.append(None)
+                continue
+            shape = tuple(self._var_specs[i][0]) if i < len(self._var_specs) else (0,)
+            width = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+            n = (a.size - 1) // (1 + width)
+            entries.append({"indices": [int(j) for j in a[1:1 + n]],
+                            "values": [float(x).hex() for x in a[1 + n:]]})
+        return entries
+
+    def load_state_dict(self, state_dict, var_list=None):
+        """:meth:`Optimizer.load_state_dict`, with the sparse momentum buffers of
+        :meth:`state_dict` (absent or None: none). All or nothing."""
+        if not isinstance(state_dict, dict):
+            return super().load_state_dict(state_dict, var_list)
+        buffers = self._parse_sparse_momentum(state_dict, var_list)
+        rest = {k: v for k, v in state_dict.items() if k != "sparse_momentum"}
+        super().load_state_dict(rest, var_list)
+        from refopt.reference.sgd_sparse_momentum import SparseMomentumBuffer
+
+        self._sparse_momentum = {
+            i: {k: SparseMomentumBuffer(b.indices, b.values.astype(self._var_specs[i][1]))
+                for k, b in per.items()} for i, per in buffers.items()}
 
     def _sparse_update_kind(self):
         if self._keeps_duplicates():

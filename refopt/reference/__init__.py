@@ -61,6 +61,10 @@ from refopt.reference.sgd import (
     sgd_sparse_torch_update,
     sgd_update,
 )
+from refopt.reference.sgd_sparse_momentum import (
+    SparseMomentumBuffer,
+    sgd_sparse_torch_momentum_update,
+)
 from refopt.reference.weight_decay import apply_weight_decay
 
 __all__ = [
@@ -124,6 +128,8 @@ __all__ = [
     "rowwise_adagrad_sequential_update",
     "rowwise_adagrad_update",
     "sgd_sparse_scatter_update",
+    "sgd_sparse_torch_momentum_update",
     "sgd_sparse_torch_update",
     "sgd_update",
+    "SparseMomentumBuffer",
 ]

@@ -122,8 +122,8 @@ def sgd_sparse_torch_update(param, grad, *, learning_rate):
     .. math:: w_{r_k} \leftarrow \mathrm{fma}(-\eta, g_k, w_{r_k})
 
     (one rounding, as torch's vectorised ``add_`` of a row; a variable of one dimension,
-    whose rows are scalars, takes torch's scalar loop :math:`w_{r_k} + (-\eta) g_k`, two
-    roundings). Rows absent from the gradient do not change; an empty gradient changes
+    whose rows are scalars, takes one rounding too, except for a gradient of a single entry:
+    :math:`w_{r_k} + (-\eta) g_k`, two roundings, as measured on torch 2.13). Rows absent from the gradient do not change; an empty gradient changes
     nothing. A row that appears twice therefore differs from the step on the summed
     gradient (which is what ``IndexedSlices.deduplicate`` and the other frameworks give)
     in the last bits.
@@ -157,7 +157,7 @@ def sgd_sparse_torch_update(param, grad, *, learning_rate):
     alpha=-lr)``), ATen's ``add_out_dense_sparse_cpu``; measured against torch 2.13
     (golden cases ``torch__sgd_sparse_*``). PyTorch refuses ``weight_decay`` with a sparse
     gradient (``add(sparse, dense)``); its momentum keeps a sparse buffer that grows by the
-    gradient's entries each step (refopt densifies there, see :class:`refopt.SGD`).
+    gradient's entries each step (:func:`refopt.reference.sgd_sparse_torch_momentum_update`).
     Cost: O(occurrences x row size); this function takes one NumPy step per repetition of
     the most repeated row.
     """
@@ -175,7 +175,7 @@ def sgd_sparse_torch_update(param, grad, *, learning_rate):
     with np.errstate(all="ignore"):
         for sel in _occurrence_levels(idx):
             rows = idx[sel]  # distinct rows
-            if out.ndim == 1:
+            if out.ndim == 1 and n == 1:  # torch's 1-D kernel: one entry, two roundings
                 out[rows] = out[rows] + neg_lr * vals[sel]
             else:
                 out[rows] = fma(neg_lr, vals[sel], out[rows])

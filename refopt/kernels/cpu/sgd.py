@@ -98,7 +98,8 @@ def sgd_sparse_torch_update(param, grad, *, learning_rate):
         return out
     neg_lr = scalar(out.dtype, -float(learning_rate))
     _kernel()(rows2d(out) if out.ndim > 1 else out.reshape(-1, 1),
-              np.asarray(grad.indices, np.int64), rows2d(grad.values), neg_lr, out.ndim > 1)
+              np.asarray(grad.indices, np.int64), rows2d(grad.values), neg_lr,
+              out.ndim > 1 or grad.indices.shape[0] > 1)  # torch: 1 entry of a 1-D
     return out
 
 

@@ -24,6 +24,9 @@ import it only for ``backend="cuda"``). Three layers:
   untouched). On the simulator the elementwise results are bit-identical to the reference;
   norms are NumPy's pairwise sums. float16 is computed on the device in float32, rounded to
   float16 after every operation, as NumPy does.
+- :mod:`refopt.kernels.cuda.halfbits`: exact float16/bfloat16 <-> float32 conversions on
+  uint16 bits, for the optimizers' float16/bfloat16 variables computed in float32
+  (``to_device`` of an ``ml_dtypes.bfloat16`` host array gives a bfloat16 device array).
 
 Set ``config.THREADS_PER_BLOCK`` (and ``ITEMS_PER_THREAD``, ``TENSORS_PER_LAUNCH``) before
 launching to change the launch shape. ``python -m refopt.kernels.cuda.ptx`` compiles every
@@ -106,6 +109,12 @@ from refopt.kernels.cuda.sgd import (
     sgd_update,
 )
 from refopt.kernels.cuda.weight_decay import apply_weight_decay
+# torch's sparse momentum buffer: a serial merge of two entry lists, computed on the host
+# (the optimizer takes the host step; these are the reference's own functions)
+from refopt.reference.sgd_sparse_momentum import (
+    SparseMomentumBuffer,
+    sgd_sparse_torch_momentum_update,
+)
 from refopt.reference.adagrad import AdagradResult, adagrad_initial_state, initial_accumulator
 from refopt.reference.adam import AdamResult, adam_scalars
 from refopt.reference.adamax import AdamaxResult, adamax_initial_state
@@ -195,6 +204,8 @@ __all__ = [
     "sgd_sparse",
     "sgd_sparse_scatter_update",
     "sgd_sparse_torch_update",
+    "sgd_sparse_torch_momentum_update",
+    "SparseMomentumBuffer",
     "sgd_update",
     "simulator",
     "sumsq",

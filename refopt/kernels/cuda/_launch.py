@@ -214,7 +214,8 @@ def copy(dst, src):
 
     Parameters
     ----------
-    dst : numba device array of float16, float32 or float64, C-contiguous
+    dst : numba device array of float16, bfloat16 (ml_dtypes), float32 or float64,
+        C-contiguous
     src : device array (or object with ``__cuda_array_interface__``) of ``dst``'s shape
         and dtype, C-contiguous.
     """
@@ -222,7 +223,10 @@ def copy(dst, src):
         return
     if not is_device_array(src):
         src = cuda.as_cuda_array(src)
-    _flat(dst).copy_to_device(_flat(src))
+    dst, src = _flat(dst), _flat(src)
+    if np.dtype(dst.dtype).kind == "V":  # bfloat16: its bits (numba knows no bfloat16)
+        dst, src = dst.view(np.uint16), src.view(np.uint16)
+    dst.copy_to_device(src)
 
 
 def clip_args(dtype, mode, clip=None, cden=None, gscale=None):

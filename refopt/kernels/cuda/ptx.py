@@ -23,6 +23,11 @@ types the drivers' launchers pass, in float16, float32 and float64, and checks:
 - **the parameter block**: a multi-tensor launch of ``config.TENSORS_PER_LAUNCH`` tensors
   fits CUDA's classic 4 KiB of kernel parameters (4096 bytes, the limit before CUDA 12.1).
 
+At the first compute capability it also compiles the low-precision ``dense`` kernels
+(:func:`low_precision_kernels`: float16/bfloat16 variables computed in float32, their bits
+converted with integer operations and ``mul.rn``/``add.rn``), reported with the dtype labels
+``"float16 bits"`` and ``"bfloat16 bits"``.
+
 It also compiles a *control* kernel written with plain operators, ``out[i] = a[i] * b[i] +
 c[i]``, and reports whether NVVM contracted it: if it did (float32 and float64), contraction
 is on in this toolchain and the audit above is not vacuous. (numba-cuda lowers plain float16
@@ -490,6 +495,62 @@ REPRESENTATIVE_RULES = ("tf_keras Adam", "tf_keras AdamW AMSGrad", "tf_keras Laz
                         "step clip by norm")
 
 
+#: The low-precision dense kernels audited (``kernels(..., low=...)``: float16/bfloat16 bits
+#: computed in float32), at the first cc only: the conversions
+#: (:mod:`refopt.kernels.cuda.halfbits`) are the same in every rule, the rule's float32
+#: arithmetic is audited with the float32 variants. ``(label, optimizer, format)``.
+LOW_PRECISION_RULES = (("torch_fused Adam", "float16"),
+                       ("torch_fused AdamW", "bfloat16"),
+                       ("torch_fused SGD momentum", "bfloat16"))
+
+
+def low_precision_kernels(width, tpb=256, items=8):
+    """``(name, dtype label, py_func, signature)`` of the low-precision ``dense`` kernels of
+    :data:`LOW_PRECISION_RULES`, as the executor launches them: uint16 arrays (variables,
+    gradients, slot buffers), the clip pairs and every scalar in float32. Names: ``"rule
+    dense: torch_fused Adam"``, dtype labels ``"float16 bits"`` and ``"bfloat16 bits"``."""
+    from numba import typeof, types
+
+    import refopt
+    from refopt.executors import plan as _plan
+    from refopt.kernels.cuda import drivers, halfbits
+
+    f32 = np.dtype(np.float32)
+    opts = {"torch_fused Adam": refopt.Adam(weight_decay=0.01, convention="torch_fused"),
+            "torch_fused AdamW": refopt.AdamW(convention="torch_fused"),
+            "torch_fused SGD momentum": refopt.SGD(
+                momentum=0.9, convention=_low_convention("torch_fused"))}
+    u1 = typeof(np.zeros(2, np.uint16))
+    tup = types.UniTuple(u1, width)
+    s = typeof(np.float32(1))
+    out = []
+    for label, fmt in LOW_PRECISION_RULES:
+        opt = opts[label]
+        rc = opt.update_rule(f32, 0.01, 3, optax_weight_decay=None)
+        pl = _plan.plan(opt, f32, 0.01, 3, 0)
+        ks = drivers.kernels(rc.rule, rc.fl, pl.dmode, 0, tpb, f32, items=items,
+                             low=halfbits.kind_of(_low_dtype(fmt)))
+        sig = (tup, tup, typeof(np.zeros((2, 2), np.int64)), typeof(np.zeros((2, 2), f32)),
+               typeof(1)) + (u1,) * rc.rule.arity + (u1, typeof(True), types.UniTuple(s, 8),
+                                                      types.UniTuple(s, 16))
+        out.append((f"rule dense: {label}", f"{fmt} bits", ks.dense.py_func, sig))
+    return out
+
+
+def _low_convention(name):
+    from refopt.conventions import get_convention
+
+    return get_convention(name, low_precision_compute="float32")
+
+
+def _low_dtype(fmt):
+    if fmt == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(fmt)
+
+
 def family_rules(dtype=np.float32, rmsprop=False):
     """One rule variant per family: the first of :func:`rule_variants` for each ``(rule,
     kernel)`` pair (e.g. ``adam`` on ``dense``, ``adam`` on ``rows``), and
@@ -643,6 +704,12 @@ def _compile_task(cc, dtype, tpb, items, width, labels, rmsprop):
         for name, fn, sig in rule_kernels(dt, width, tpb, items, labels, rmsprop):
             ptx, _ = cuda.compile_ptx(fn, sig, cc=tuple(cc))
             reports.append(_report(name, dt, cc, ptx))
+        if dt == np.float16 and labels != REPRESENTATIVE_RULES:  # first cc: the
+            for name, label, fn, sig in low_precision_kernels(width, tpb, items):  # low ones
+                ptx, _ = cuda.compile_ptx(fn, sig, cc=tuple(cc))
+                r = _report(name, np.float32, cc, ptx)
+                r.dtype = label
+                reports.append(r)
         a = typeof(np.zeros(2, dt))
         ptx, _ = cuda.compile_ptx(_control, (a, a, a, a), cc=tuple(cc))
         ops = {**float_ops(ptx), **approximations(ptx)}
