@@ -46,7 +46,8 @@ An uncompressed ``.npz`` (``numpy.load``) with
   variables are saved; else loading writes the rounded master, as ``sync()`` does), with
   ``class`` ``"MasterWeights"``, its ``get_config()`` as ``config`` and
   ``meta["master_weights"]`` (``inner_class``, the variables' ``dtypes``,
-  ``low_precision`` positions, ``has_variables``);
+  ``low_precision`` positions, ``has_variables``, and per variable its ``build_positions``
+  and ``written_at_step``, which stochastic rounding's bits depend on);
 - ``sha256``: hex digest of every other entry (name, dtype, shape and bytes, in sorted name
   order), checked on load on top of the zip format's CRC-32.
 
@@ -769,6 +770,7 @@ def _collect_master_weights(wrapper, variables, include_variables):
                 raise ValueError(f"`variables[{i}]` is not a variable the optimizer was "
                                  "built with.") from None
         masters = [wrapper._masters[k] for k in positions]
+        written = [wrapper._written[k] for k in positions]
     else:
         from refopt.executors.checks import check_host_variable
 
@@ -776,6 +778,7 @@ def _collect_master_weights(wrapper, variables, include_variables):
             check_host_variable(v, f"variables[{i}]")
         masters = [v.astype(np.float32) if _precision.is_low_precision(v.dtype) else v
                    for v in variables]
+        positions, written = list(range(len(variables))), [0] * len(variables)
     meta, arrays = _collect(wrapper.inner_optimizer, masters, True)
     low = []
     for i, v in enumerate(variables):
@@ -788,7 +791,10 @@ def _collect_master_weights(wrapper, variables, include_variables):
          "master_weights": {"inner_class": type(wrapper.inner_optimizer).__name__,
                             "dtypes": [np.dtype(v.dtype).name for v in variables],
                             "low_precision": low,
-                            "has_variables": bool(include_variables)}})
+                            "has_variables": bool(include_variables),
+                            # stochastic rounding draws its bits by build position and step
+                            "build_positions": positions,
+                            "written_at_step": written}})
     return meta, arrays
 
 
@@ -856,20 +862,31 @@ def _load_master_weights(path, wrapper, variables, restore_variables, meta, arra
     if restore_variables and mw.get("has_variables"):
         saved_low = {i: _expect(arrays, f"low_variable_{i}", shapes[i], dtypes[i], p)
                      for i in range(len(variables)) if low[i]}
+    n = len(variables)
+    positions = mw.get("build_positions", list(range(n)))  # absent: the file's order
+    written = mw.get("written_at_step", [None] * n)
+    if (not isinstance(positions, list) or sorted(positions) != list(range(n))
+            or not isinstance(written, list) or len(written) != n):
+        raise CheckpointError(f"{p} has damaged MasterWeights metadata.")
     masters = [v.astype(np.float32) if lo else v for v, lo in zip(variables, low)]
     kept = [] if restore_variables else [(v, v.copy()) for v, lo in zip(variables, low)
                                          if not lo]
     _load(path, inner, masters, True, inner_meta, arrays)  # the masters and the inner state
     for v, value in kept:  # restore_variables=False: float32/float64 variables keep theirs
         np.copyto(v, value)
-    wrapper._vars, wrapper._masters = variables, masters
-    wrapper._index = {id(v): k for k, v in enumerate(variables)}
+    order = sorted(range(n), key=lambda i: positions[i])  # file entries in build order
+    wrapper._vars = [variables[i] for i in order]
+    wrapper._masters = [masters[i] for i in order]
+    wrapper._index = {id(v): k for k, v in enumerate(wrapper._vars)}
+    wrapper._written = [int(written[i] or 0) for i in order]
     if restore_variables:
-        for k, lo in enumerate(low):
+        for i, lo in enumerate(low):
             if not lo:
                 continue
-            if k in saved_low:
-                np.copyto(variables[k], saved_low[k])
-            else:  # saved without variables: the rounded master, as sync() writes it
-                wrapper._write(k, wrapper.iterations)
+            if i in saved_low:
+                np.copyto(variables[i], saved_low[i])
+            else:  # saved without variables: its master rounded as at its last write
+                k = positions[i]
+                step = wrapper._written[k] if written[i] is not None else wrapper.iterations
+                wrapper._write(k, step)
     return meta

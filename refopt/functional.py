@@ -33,8 +33,9 @@ A plain dict of NumPy arrays, mirroring params (hence a pytree, and a checkpoint
      "variable_steps": tree like params of 0-d int64}  # each variable's own step count
                                                        # (the torch convention counts them)
 
-Slot arrays have their variable's dtype and the optimizer's slot shape (the variable's,
-except Adafactor's factored moments). ``learning_rate`` is the class's ``learning_rate``: with
+Slot arrays have the optimizer's slot dtype and shape (``slot_dtype``, ``slot_shape``: the
+variable's, except Adafactor's factored moments, RowWiseAdagrad's per-row accumulator and the
+8-bit optimizers' uint8 codes and float32 block maxima). ``learning_rate`` is the class's ``learning_rate``: with
 a float, the rate the next step uses (replacing it changes the step size, as optax's
 ``inject_hyperparams`` does; rounded to float32 under the Keras and TF conventions, as the
 class's setter rounds it);

@@ -63,8 +63,11 @@ class MasterWeights:
     -----
     Gradients come in the variable's dtype or in float32 and are converted exactly to float32.
     A step that raises changes nothing (the inner optimizer's rule; the rounding runs after
-    it and cannot fail). Only the variables that had a gradient are rewritten; use
-    :meth:`sync` after changing masters by hand. ``state_dict`` holds the inner optimizer's
+    it and cannot fail). Only the variables whose master moved are rewritten (those that had
+    a gradient, and every one on a step where the inner EMA overwrites the variables; with
+    stochastic rounding, exactly those whose master changed, so a step a
+    ``LossScaleOptimizer`` skips rewrites none); use :meth:`sync` after changing masters by
+    hand. ``state_dict`` holds the inner optimizer's
     state plus the masters; :func:`refopt.save_checkpoint` and
     :func:`refopt.load_checkpoint` take a ``MasterWeights`` as they take an optimizer (a
     resumed run is bit-identical, stochastic rounding included).
@@ -100,6 +103,7 @@ class MasterWeights:
         self._vars = []        # build order
         self._masters = []     # float32 copies (or the variable itself when not low)
         self._index = {}
+        self._written = []     # per variable: the step of its last write (0: never)
 
     # ----------------------------------------------------------------- state
     @property
@@ -148,6 +152,7 @@ class MasterWeights:
         self.inner_optimizer.build(masters)  # raises on duplicates, nothing kept
         self._vars, self._masters = var_list, masters
         self._index = {id(v): k for k, v in enumerate(var_list)}
+        self._written = [0] * len(var_list)
 
     # ----------------------------------------------------------------- step
     def apply_gradients(self, grads_and_vars):
@@ -169,6 +174,16 @@ class MasterWeights:
         building = not self.built
         if building:
             self.build([v for _, v in pairs])
+        inner = self.inner_optimizer
+        before = inner.iterations
+        freq = inner.ema_overwrite_frequency if inner.use_ema else None
+        overwrite = bool(freq) and (before + 1) % freq == 0  # EMA into every variable
+        lows = [k for k, v in enumerate(self._vars) if _precision.is_low_precision(v.dtype)]
+        # stochastic rounding draws new bits every step: rewrite only the masters that moved
+        # (a step skipped by a LossScaleOptimizer changes none); to nearest, rewriting an
+        # unchanged master gives the same value
+        saved = ({k: self._masters[k].copy() for k in lows} if self.stochastic_rounding
+                 else None)
         try:
             mapped, touched = [], []
             for i, (g, v) in enumerate(pairs):
@@ -185,9 +200,14 @@ class MasterWeights:
             it = self.inner_optimizer.apply_gradients(mapped)
         except BaseException:
             if building:  # as the inner optimizer: a raising first call builds nothing
-                self._vars, self._masters, self._index = [], [], {}
+                self._vars, self._masters, self._index, self._written = [], [], {}, []
                 self.inner_optimizer._reset_state()
             raise
+        if saved is not None:
+            touched = [k for k in lows if not np.array_equal(
+                saved[k].view(np.uint32), self._masters[k].view(np.uint32))]
+        elif overwrite and it == before + 1:
+            touched = lows
         for k in touched:
             self._write(k, it)
         return it
@@ -200,6 +220,7 @@ class MasterWeights:
                 self._write(k, self.iterations)
 
     def _write(self, k, step):
+        self._written[k] = int(step)
         var, master = self._vars[k], self._masters[k]
         if self.stochastic_rounding:
             bits = _precision.random_bits(self.seed, int(step), k, master.size)

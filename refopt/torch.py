@@ -381,6 +381,28 @@ class RefoptOptimizer(torch.optim.Optimizer):
                     "optimizer, or load a state_dict saved with the new values.")
 
     # ---------------------------------------------------------------- the step
+    @property
+    def _step_supports_amp_scaling(self):
+        """True where torch's own optimizer would run a fused kernel (refopt's ``Adam``,
+        ``AdamW``, ``SGD``, ``Adagrad`` under ``"torch_fused"``): ``torch.amp.GradScaler``
+        then leaves the unscaling to :meth:`step` (``grad_scale``, ``found_inf``), which
+        divides by the scale as the fused kernel does, instead of multiplying the gradients
+        by ``f32(1/s)`` itself."""
+        from refopt.optimizers.loss_scale import _fused_kernel_divides
+
+        return bool(self._ropts) and all(_fused_kernel_divides(r) for r in self._ropts)
+
+    def _amp_unscaled(self, g, grad_scale):
+        """``g / grad_scale`` as torch's fused kernels compute it (in the gradient's dtype,
+        the float32 scale converted exactly); float16/bfloat16 gradients, which the kernel
+        divides in float32 without rounding, are refused."""
+        if g.dtype in (torch.float16, torch.bfloat16):
+            raise NotImplementedError(
+                "torch.amp.GradScaler with a fused optimizer on float16/bfloat16 gradients "
+                "(the fused kernel unscales them in float32 without rounding) is not "
+                f"reproduced by refopt.torch. Received a gradient of dtype {g.dtype}")
+        return g / grad_scale.to(device=g.device, dtype=g.dtype).reshape(())
+
     @_graph_break
     @torch.no_grad()
     def step(self, closure=None):
@@ -420,6 +442,12 @@ class RefoptOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # torch.amp.GradScaler on a fused optimizer (_step_supports_amp_scaling): skip on an
+        # inf, else divide by the scale in the step, as torch's fused kernels do
+        found_inf = getattr(self, "found_inf", None)
+        grad_scale = getattr(self, "grad_scale", None)
+        if found_inf is not None and float(found_inf) != 0:
+            return loss
         plans = []
         for k, group in enumerate(self.param_groups):
             self._check_frozen(k, group)
@@ -427,6 +455,8 @@ class RefoptOptimizer(torch.optim.Optimizer):
             neg = group["maximize"]
             pairs = [(-p.grad if neg else p.grad, p) for p in group["params"]
                      if p.grad is not None]
+            if grad_scale is not None:
+                pairs = [(self._amp_unscaled(g, grad_scale), p) for g, p in pairs]
             if self._sparse_gradients_only and any(not g.is_sparse for g, _ in pairs):
                 raise RuntimeError(
                     f"{type(self).__name__} does not support dense gradients, please consider "

@@ -113,3 +113,72 @@ def test_mismatches_raise_and_change_nothing(tmp_path):
         refopt.load_checkpoint(plain, _make(False), [np.zeros(3, np.float16)])
     with pytest.raises(ValueError, match="not a variable"):
         refopt.save_checkpoint(path, opt, [vs[0], vs[1], np.zeros(1, np.float32)])
+
+
+def _rounded(opt, v):
+    return refopt.precision.round_to(opt.get_master(v), v.dtype)
+
+
+def test_ema_overwrite_rewrites_variables_without_a_gradient():
+    # regression: the inner EMA overwrites every master at step 3; b had no gradient there
+    # and kept its old rounded value
+    a, b, g = np.float16([1, 2]), np.float16([0.5, -1]), np.float16([1, 1])
+    opt = refopt.MasterWeights(refopt.Adam(learning_rate=0.1, use_ema=True,
+                                           ema_overwrite_frequency=3, convention="keras3",
+                                           backend="reference"))
+    opt.apply_gradients([(g, a), (g, b)])
+    opt.apply_gradients([(g, a), (g, b)])
+    opt.apply_gradients([(g, a)])
+    for v in (a, b):
+        assert v.tobytes() == _rounded(opt, v).tobytes()
+
+
+@pytest.mark.parametrize("convention", ["tf_keras", "keras3"])
+def test_a_skipped_step_rewrites_nothing_under_stochastic_rounding(convention):
+    # regression: tf_keras counts a step LossScaleOptimizer skips, and the unchanged masters
+    # were rounded again with the new step's bits (18 of 64 elements changed)
+    w = np.random.default_rng(0).standard_normal(64).astype(np.float16)
+    opt = refopt.MasterWeights(refopt.LossScaleOptimizer(
+        refopt.SGD(learning_rate=0.01, convention=convention, backend="reference")),
+        stochastic_rounding=True, seed=5)
+    opt.apply_gradients([(np.ones(64, np.float16), w)])
+    before = w.tobytes()
+    opt.apply_gradients([(np.full(64, np.inf, np.float16), w)])
+    assert w.tobytes() == before
+
+
+def test_stochastic_rounding_resumes_from_a_checkpoint_in_another_order(tmp_path):
+    # regression: the rounding's bits are drawn by build position; a checkpoint saved in
+    # another order resumed with other bits
+    def make():
+        return refopt.MasterWeights(refopt.SGD(learning_rate=0.013, convention="torch",
+                                               backend="reference"),
+                                    stochastic_rounding=True, seed=3)
+
+    grads = [np.float16([1.1, 0.7, -0.3, 2.2])] * 6
+    ref, ra, rb = make(), np.float16([1, 2, 3, 4]), np.float16([-1, -2, -3, -4])
+    for g in grads:
+        ref.apply_gradients([(g, ra), (g, rb)])
+    opt, a, b = make(), np.float16([1, 2, 3, 4]), np.float16([-1, -2, -3, -4])
+    for g in grads[:3]:
+        opt.apply_gradients([(g, a), (g, b)])
+    refopt.save_checkpoint(tmp_path / "c.npz", opt, [b, a])
+    new, (b2, a2) = refopt.load_checkpoint(tmp_path / "c.npz", backend="reference")
+    for g in grads[3:]:
+        new.apply_gradients([(g, a2), (g, b2)])
+    assert (a2.tobytes(), b2.tobytes()) == (ra.tobytes(), rb.tobytes())
+
+
+def test_saved_without_variables_restores_each_from_its_last_write(tmp_path):
+    # regression: b had no gradient at the last step; it was restored with that step's bits
+    opt = refopt.MasterWeights(refopt.SGD(learning_rate=0.013, convention="torch",
+                                          backend="reference"),
+                               stochastic_rounding=True, seed=3)
+    a, b = np.float16([1, 2, 3, 4]), np.float16([-1, -2, -3, -4])
+    g = np.float16([1.1, 0.7, -0.3, 2.2])
+    opt.apply_gradients([(g, a), (g, b)])
+    opt.apply_gradients([(g, a), (g, b)])
+    opt.apply_gradients([(g, a)])
+    refopt.save_checkpoint(tmp_path / "c.npz", opt, [a, b], include_variables=False)
+    new, (a2, b2) = refopt.load_checkpoint(tmp_path / "c.npz", backend="reference")
+    assert (a2.tobytes(), b2.tobytes()) == (a.tobytes(), b.tobytes())

@@ -143,6 +143,12 @@ def test_torch_sparse_momentum_example(tmp_path, monkeypatch):
     assert out.split() == ["[-0.16000003", "-0.74", "]", "[1,", "1]"]  # torch 2.13's
 
 
+def test_cuda_rowwise_adagrad_example(tmp_path, monkeypatch):
+    out = _run(_block("refopt.RowWiseAdagrad(learning_rate=0.1, backend=\"cuda\")"),
+               tmp_path, monkeypatch)
+    assert out.split() == ["[", "0.", "12.5", "0.", "0.", "]"]  # mean of (3^2, 4^2)
+
+
 def test_torch_sparse_sgd_example(tmp_path, monkeypatch):
     code = "import numpy as np, refopt\n" + _block("refopt.SGD(learning_rate=0.1, convention=\"torch\")")
     out = _run(code, tmp_path, monkeypatch)

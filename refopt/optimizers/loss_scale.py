@@ -39,6 +39,7 @@ import numbers
 import numpy as np
 
 from refopt import _foreign
+from refopt import precision as _precision
 from refopt.indexed_slices import IndexedSlices
 from refopt.optimizers.base import Optimizer, check_bool, check_real
 
@@ -54,11 +55,27 @@ _TORCH_FUSED = ("Adam", "AdamW")
 
 
 def _fused_kernel_divides(optimizer):
-    """Whether torch unscales ``optimizer``'s gradients by dividing by the scale: its fused
-    Adam/AdamW (``_step_supports_amp_scaling``) take the scale into the kernel, which
-    divides; every other torch optimizer gets ``unscale_``'s multiplication."""
-    return (type(optimizer).__name__ in _TORCH_FUSED
-            and optimizer.convention.moment_update == "torch_fma")
+    """Whether torch unscales ``optimizer``'s gradients in its step by dividing by the scale:
+    the optimizers torch runs on a fused kernel (``_step_supports_amp_scaling``: Adam, AdamW,
+    SGD and Adagrad with ``fused=True``, i.e. refopt's under ``"torch_fused"``) take the
+    scale into the kernel, which divides; every other torch optimizer gets ``unscale_``'s
+    multiplication by ``f32(1/s)``. A :class:`~refopt.MasterWeights` answers for its inner
+    optimizer."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None and type(optimizer).__name__ == "MasterWeights":
+        optimizer = inner
+    if not isinstance(optimizer, Optimizer):
+        return False
+    conv = optimizer.convention
+    names = {k.__name__ for k in type(optimizer).__mro__
+             if k.__module__.startswith("refopt.optimizers.")}
+    if names & set(_TORCH_FUSED):  # not LazyAdam (torch's SparseAdam has no fused kernel)
+        return conv.moment_update == "torch_fma" and not optimizer._is_lazy()
+    if "SGD" in names:
+        return conv.sgd_momentum == "torch_fused"
+    if "Adagrad" in names:
+        return conv.sqrt == "torch_fused"
+    return False
 
 
 def _to_host(g):
@@ -594,11 +611,13 @@ class GradScaler:
     ``scale(loss) = loss * s`` (``s`` float32). :meth:`unscale_` multiplies every gradient by
     ``inv = f32(1 / f64(s))`` (torch's reciprocal, computed in double) and records whether
     any **scaled** gradient held an inf or NaN (a finite gradient that overflows when
-    unscaled is not detected, as in torch). For refopt's ``Adam``/``AdamW`` under
-    ``"torch_fused"`` (torch's ``fused=True`` kernels) the gradient is divided by ``s``
-    instead, as the fused kernel does; under ``"torch"`` (the default for-loop, which does not
-    take the scale) it is multiplied. :meth:`step` applies unless an inf was found (then the optimizer, its
-    counters included, is untouched). :meth:`update`::
+    unscaled is not detected, as in torch). When :meth:`step` unscales for refopt's ``Adam``,
+    ``AdamW``, ``SGD`` or ``Adagrad`` under ``"torch_fused"`` (torch's ``fused=True``
+    kernels, which take the scale), the gradient is divided by ``s`` instead, as the fused
+    kernel does; an explicit :meth:`unscale_` multiplies for every optimizer, as torch's.
+    :meth:`scale` multiplies a float16/bfloat16 array in float32 and rounds once (torch's
+    opmath). :meth:`step` applies unless an inf was found (then the optimizer, its counters
+    included, is untouched). :meth:`update`::
 
         found: s = f32(s * backoff_factor); tracker = 0
         else:  tracker + 1 == growth_interval ? (s' = f32(s * growth_factor);
@@ -659,10 +678,13 @@ class GradScaler:
         if not self._enabled:
             return outputs
         if isinstance(outputs, np.ndarray):
+            if _precision.is_low_precision(outputs.dtype):  # opmath: float32, one rounding
+                return (outputs.astype(np.float32) * np.float32(self._scale)).astype(
+                    outputs.dtype)
             return outputs * outputs.dtype.type(np.float32(self._scale))
         return outputs * self._scale
 
-    def _unscale(self, optimizer, grads_and_vars):
+    def _unscale(self, optimizer, grads_and_vars, in_step):
         pairs = list(grads_and_vars)
         kinds, values = zip(*[_to_host(g) for g, _ in pairs]) if pairs else ((), ())
         for i, v in enumerate(values):
@@ -672,7 +694,9 @@ class GradScaler:
                     "master weights; with its fused Adam/AdamW torch accepts them and divides "
                     "by the scale in float32 inside the kernel, which refopt does not "
                     f"reproduce yet). Received: gradient {i} of dtype float16")
-        divide = _fused_kernel_divides(optimizer)
+        # in step(), a fused kernel takes the scale and divides; unscale_ (torch's for-each
+        # unscale, which the fused step then skips) multiplies by f32(1/s) for every optimizer
+        divide = in_step and _fused_kernel_divides(optimizer)
         unscaled = self._rule.unscale(values, self._scale, divide)
         found = not _all_finite(values)
         grads = [(_from_host(k, g, u), v) for k, (g, v), u in zip(kinds, pairs, unscaled)]
@@ -695,7 +719,7 @@ class GradScaler:
         if id(optimizer) in self._pending:
             raise RuntimeError("unscale_() has already been called on this optimizer since "
                                "the last update().")
-        grads, found = self._unscale(optimizer, grads_and_vars)
+        grads, found = self._unscale(optimizer, grads_and_vars, in_step=False)
         self._pending[id(optimizer)] = (optimizer, "unscaled", found)
         return grads
 
@@ -709,7 +733,7 @@ class GradScaler:
             return optimizer.apply_gradients(grads_and_vars)
         entry = self._pending.get(id(optimizer))
         if entry is None:
-            grads, found = self._unscale(optimizer, grads_and_vars)
+            grads, found = self._unscale(optimizer, grads_and_vars, in_step=True)
         elif entry[1] == "stepped":
             raise RuntimeError("step() has already been called since the last update().")
         else:

@@ -3,7 +3,8 @@
 Follows FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` (``optimizer=EmbOptimType.
 EXACT_ROWWISE_ADAGRAD``; keywords ``learning_rate``, ``eps``, ``weight_decay``,
 ``weight_decay_mode``) and TorchRec's fused embeddings, which pass the same keywords; the
-update is :func:`refopt.reference.rowwise_adagrad_update` (readable NumPy) on every backend.
+update is :func:`refopt.reference.rowwise_adagrad_update` (readable NumPy), compiled row
+loops on ``backend="cpu"`` and device row kernels on ``backend="cuda"``, all bit-identical.
 """
 
 from __future__ import annotations
@@ -64,11 +65,11 @@ class RowWiseAdagrad(Optimizer):
         ``False``: FBGEMM's approximate ``ROWWISE_ADAGRAD``, every occurrence a step of its
         own, one after another (:func:`refopt.reference.rowwise_adagrad_sequential_update`).
         Cost of ``False``: ``backend="cpu"`` (float32) runs the occurrences in one compiled
-        loop, about the exact step's cost; the reference backend (and ``"cuda"``, which
-        takes the host's reference step) runs one vectorised NumPy step per *round*, rounds
-        being the largest number of times one index occurs in the gradient (a row looked up
-        1000 times in a batch: 1000 NumPy steps). Either way only the rows present are
-        gathered, updated and written back: the cost does not grow with the table.
+        loop, about the exact step's cost; ``"cuda"`` one launch, one thread per distinct
+        row walking its occurrences in order; the reference backend runs one vectorised
+        NumPy step per *round*, rounds being the largest number of times one index occurs
+        in the gradient (a row looked up 1000 times in a batch: 1000 NumPy steps). Either
+        way only the rows present are updated: the cost does not grow with the table.
     clipnorm, clipvalue, global_clipnorm, use_ema, ...
         As every refopt optimizer (PyTorch's conventions for them; FBGEMM's own
         ``gradient_clipping``/``max_norm`` are not reproduced).
@@ -96,6 +97,12 @@ class RowWiseAdagrad(Optimizer):
     and round the stored weights stochastically (``stochastic_rounding=True`` by default);
     refopt records and reproduces float32 tables only. Any row width ``D`` is accepted
     (FBGEMM refuses ``D`` not a multiple of 4; ``D = 0`` changes nothing here).
+
+    ``backend="cuda"`` updates float32 and float64 tables on the device, in place, with
+    hand-written kernels (:mod:`refopt.kernels.cuda.rowwise_adagrad`: one thread per row,
+    no atomics; an IndexedSlices' duplicates summed on the host first), bit for bit the
+    reference. Steps with clipping or the EMA, float16 tables and 0-d variables take the
+    host step (a ``HostStepWarning``: the same numbers, the state copied both ways).
 
     Examples
     --------
@@ -203,6 +210,9 @@ class RowWiseAdagrad(Optimizer):
             p, a = k.rowwise_adagrad_sequential_update(param, grad, acc,
                                                        convention=self.convention, **kw)
         elif lazy_rows:  # the present rows, gathered (duplicates summed)
+            from refopt.reference.rowwise_adagrad import check_hyperparameters
+
+            check_hyperparameters(**kw)  # the row step checks nothing (values set since)
             p, a = k.rowwise_adagrad_rows(param, grad, acc, **kw)
         elif isinstance(grad, IndexedSlices):  # approximate: the occurrences in turn
             p, a = k.rowwise_adagrad_sequential_update(param, grad, acc,
@@ -211,6 +221,14 @@ class RowWiseAdagrad(Optimizer):
             p, a = k.rowwise_adagrad_update(param, grad, acc, convention=self.convention,
                                             **kw)
         return p, {"accumulator": a}
+
+    def _cuda_calls(self, state, positions, grads, lr_value, kc):
+        """``backend="cuda"``: the device row kernels' launches of this step, or None for
+        the host step (clipping, the EMA, float16 tables; see
+        :func:`refopt.kernels.cuda.rowwise_adagrad.device_calls`)."""
+        from refopt.kernels.cuda.rowwise_adagrad import device_calls
+
+        return device_calls(self, state, positions, grads, lr_value)
 
     def get_config(self):
         config = super().get_config()

@@ -1,13 +1,34 @@
-"""Row-wise Adagrad for ``backend="cuda"``: the reference's functions, computed on the host.
+"""Row-wise Adagrad for ``backend="cuda"``: the mirror functions and the device row kernels.
 
-FBGEMM's row-wise Adagrad has no device rule yet (its per-row sum of squares is a reduction
-the element rules do not express); ``RowWiseAdagrad(backend="cuda")`` takes the host step
-(a ``HostStepWarning``), and these mirrors are :mod:`refopt.reference.rowwise_adagrad`'s own
-functions (host arrays in, new host arrays out, the same numbers).
+The mirror functions (:func:`rowwise_adagrad_update`, :func:`rowwise_adagrad_rows`,
+:func:`rowwise_adagrad_sequential_update`, ...) are :mod:`refopt.reference.rowwise_adagrad`'s
+own (host arrays in, new host arrays out). ``RowWiseAdagrad(backend="cuda")`` updates its
+device tables in place with the two kernels below, launched by :func:`device_calls` (the
+optimizer's ``_cuda_calls`` hook, which :func:`refopt.executors.cuda._prepare` asks first):
+
+- :func:`exact_rows`: one thread per row, every row of a dense gradient, or the rows of an
+  IndexedSlices whose duplicates were summed on the host first
+  (:meth:`refopt.IndexedSlices.deduplicate`: from zero in order of appearance, the
+  reference's bits);
+- :func:`sequential_rows`: FBGEMM's approximate form (``exact=False``): the occurrences are
+  grouped by row on the host (a stable argsort of the indices), and one thread per distinct
+  row applies that row's occurrences one after another, in order of appearance.
+
+Each thread computes its row as :func:`refopt.reference.rowwise_adagrad.rowwise_adagrad_rows`
+does, in the same order: the sum of squares element after element from zero, the mean, the
+accumulator, the multiplier, the decay factor and the weight update, every operation through
+:mod:`refopt.rules.ops` (libdevice's explicitly rounded ``*_rn`` on a GPU, never contracted;
+``fma`` rounds ``a*b + c`` once by the reference's own method). No atomics: a row belongs to
+one thread, so the bits do not depend on the launch shape. float32 and float64 tables.
 """
 
 from __future__ import annotations
 
+import threading
+
+import numpy as np
+
+from refopt.kernels.cuda._launch import cuda, simulator
 from refopt.reference.rowwise_adagrad import (
     RowWiseAdagradResult,
     rowwise_adagrad_initial_state,
@@ -15,6 +36,314 @@ from refopt.reference.rowwise_adagrad import (
     rowwise_adagrad_sequential_update,
     rowwise_adagrad_update,
 )
+from refopt.rules import ops
 
-__all__ = ["RowWiseAdagradResult", "rowwise_adagrad_initial_state", "rowwise_adagrad_rows",
-           "rowwise_adagrad_sequential_update", "rowwise_adagrad_update"]
+__all__ = ["RowWiseAdagradResult", "device_calls", "exact_rows", "rowwise_adagrad_initial_state",
+           "rowwise_adagrad_rows", "rowwise_adagrad_sequential_update", "rowwise_adagrad_update",
+           "sequential_rows"]
+
+#: FBGEMM's ``WeightDecayMode`` as the kernels' integer flag.
+MODES = {"none": 0, "l2": 1, "decoupled": 2}
+#: The table dtypes the device kernels take (float16 tables take the host step).
+DEVICE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+_LOCK = threading.Lock()
+_KERNELS = None
+
+
+def _row_step(P, r, G, k, A, lr, eps, wd, mode, dd, one, zero):  # pragma: no cover - device
+    """Row ``r`` of table ``P`` (rows, D) and accumulator ``A[r]``, with gradient row ``k`` of
+    ``G``, in place: the reference's ``rowwise_adagrad_rows`` for one row. ``dd`` is ``D`` in
+    the dtype, ``one``/``zero`` 1 and 0 in the dtype (so every operation stays in it)."""
+    width = P.shape[1]
+    s = zero
+    for d in range(width):  # element order, from +0
+        x = G[k, d]
+        if mode == 1:  # L2: fma(wd, w, g), only the sum of squares sees it
+            x = ops.fma(wd, P[r, d], x)
+        s = ops.add(s, ops.mul(x, x))
+    a = ops.add(A[r], ops.div(s, dd))
+    mult = ops.div(lr, ops.add(ops.sqrt(a), eps))
+    corr = one
+    if mode == 1:
+        corr = ops.fma(-mult, wd, one)
+    elif mode == 2:
+        corr = ops.fma(-lr, wd, one)
+    for d in range(width):  # w[d] is read before it is written
+        P[r, d] = ops.fma(corr, P[r, d], -ops.mul(G[k, d], mult))
+    A[r] = a
+
+
+def _exact(P, G, A, rows, direct, lr, eps, wd, mode, dd, one, zero):  # pragma: no cover
+    """Thread ``t`` < ``G.shape[0]``: row ``t`` (``direct``) or ``rows[t]`` with gradient row ``t``."""
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for t in range(start, G.shape[0], stride):
+        r = t if direct else rows[t]
+        _row_step_dev(P, r, G, t, A, lr, eps, wd, mode, dd, one, zero)
+
+
+def _sequential(P, A, vals, order, starts, urows, lr, eps, wd, mode, dd, one,
+                zero):  # pragma: no cover
+    """Thread ``t`` < ``urows.shape[0]``: row ``urows[t]``, its occurrences
+    ``order[starts[t]:starts[t + 1]]`` one after another."""
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for t in range(start, urows.shape[0], stride):
+        r = urows[t]
+        for j in range(starts[t], starts[t + 1]):
+            _row_step_dev(P, r, vals, order[j], A, lr, eps, wd, mode, dd, one, zero)
+
+
+_row_step_dev = None
+
+
+def kernels():
+    """``(exact, sequential)``: the two kernels, compiled on first use (lazily per dtype)."""
+    global _KERNELS, _row_step_dev
+    if _KERNELS is None:
+        with _LOCK:
+            if _KERNELS is None:
+                if not simulator:
+                    ops.register_cuda()
+                _row_step_dev = cuda.jit(device=True)(_row_step)
+                _KERNELS = (cuda.jit(_exact), cuda.jit(_sequential))
+    return _KERNELS
+
+
+def _scalars(dtype, width, learning_rate, epsilon, weight_decay, weight_decay_mode):
+    """The kernels' scalars, rounded to ``dtype`` as the reference rounds them."""
+    dt = np.dtype(dtype).type
+    with np.errstate(all="ignore"):
+        return (dt(learning_rate), dt(epsilon), dt(weight_decay), MODES[weight_decay_mode],
+                dt(width), dt(1), dt(0))
+
+
+def _no_rows():
+    """A one-element int64 device array standing for "no row list" (never read; a new one
+    each time, so that it always belongs to the current CUDA context)."""
+    return cuda.to_device(np.zeros(1, np.int64))
+
+
+def _grid(n):
+    from refopt.kernels.cuda import _launch
+
+    tpb = _launch._tpb()
+    blocks = max(1, min(_launch._config_int("MAX_BLOCKS"), -(-int(n) // tpb)))
+    return blocks, tpb
+
+
+def exact_rows(table, grads, accumulator, rows, *, learning_rate, epsilon, weight_decay=0.0,
+               weight_decay_mode="none"):
+    r"""One exact row-wise Adagrad step of the given rows of a device table, in place.
+
+    Parameters
+    ----------
+    table : numba device array, shape (V, D), float32 or float64, C-contiguous
+    grads : numba device array, shape (n, D), dtype of ``table``
+        Gradient row ``t`` belongs to table row ``rows[t]`` (or ``t`` when ``rows`` is None:
+        then ``n == V``). Rows must be distinct (duplicates summed beforehand).
+    accumulator : numba device array, shape (V,), dtype of ``table``
+    rows : numba device array of int64, shape (n,), or None
+    learning_rate, epsilon, weight_decay : float
+        Rounded to the table's dtype (FBGEMM's C ``float`` for float32 tables).
+    weight_decay_mode : {"none", "l2", "decoupled"}
+
+    Notes
+    -----
+    Per row, :math:`a \leftarrow a + \frac1D\sum_d \tilde g_d^2`,
+    :math:`w \leftarrow \mathrm{fma}(c, w, -g\,\eta/(\sqrt a + \epsilon))`, in the order and
+    roundings of :func:`refopt.reference.rowwise_adagrad.rowwise_adagrad_rows` (bit for bit).
+    One launch, one thread per row; nothing is checked here (the optimizer checks first).
+    """
+    n = grads.shape[0]
+    if n == 0 or table.shape[1] == 0:
+        return
+    ex, _ = kernels()
+    sc = _scalars(table.dtype, table.shape[1], learning_rate, epsilon, weight_decay,
+                  weight_decay_mode)
+    direct = rows is None
+    if direct:
+        rows = _no_rows()  # never read
+    blocks, tpb = _grid(n)
+    ex[blocks, tpb](table, grads, accumulator, rows, direct, *sc)
+
+
+def sequential_rows(table, accumulator, values, order, starts, urows, *, learning_rate, epsilon,
+                    weight_decay=0.0, weight_decay_mode="none"):
+    """FBGEMM's approximate row-wise Adagrad on a device table, in place (one launch).
+
+    Parameters
+    ----------
+    table : numba device array, shape (V, D), float32 or float64
+    accumulator : numba device array, shape (V,)
+    values : numba device array, shape (k, D)
+        The occurrences' gradient rows, in order of appearance.
+    order, starts, urows : numba device arrays of int64
+        :func:`refopt.kernels.cuda._launch.sorted_rows` of the indices: the occurrences of
+        row ``urows[t]`` are ``order[starts[t]:starts[t + 1]]``, in order of appearance.
+    learning_rate, epsilon, weight_decay, weight_decay_mode
+        As :func:`exact_rows`.
+
+    Notes
+    -----
+    One thread per distinct row applies its occurrences in turn, each a step of
+    :func:`exact_rows`' arithmetic on the row as the previous one left it: the reference's
+    :func:`refopt.reference.rowwise_adagrad.rowwise_adagrad_sequential_update`, bit for bit.
+    """
+    n = urows.shape[0]
+    if n == 0 or table.shape[1] == 0:
+        return
+    _, seq = kernels()
+    sc = _scalars(table.dtype, table.shape[1], learning_rate, epsilon, weight_decay,
+                  weight_decay_mode)
+    blocks, tpb = _grid(n)
+    seq[blocks, tpb](table, accumulator, values, order, starts, urows, *sc)
+
+
+def _covered(opt, state, positions):
+    """Whether the device kernels express this step of ``opt`` (else the host step)."""
+    from refopt.executors import plan as _plan
+    from refopt.optimizers.rowwise_adagrad import RowWiseAdagrad
+
+    if type(opt)._update_step is not RowWiseAdagrad._update_step or opt._uses_update_step():
+        return False
+    if opt.use_ema or _plan.clip_kind(opt)[0] is not None:
+        return False
+    if opt.weight_decay_mode not in MODES:
+        return False
+    for i in positions:
+        d = state.views[i]
+        if np.dtype(d.dtype) not in DEVICE_DTYPES or len(d.shape) == 0:
+            return False
+    return True
+
+
+def _validate(opt, forms, lr_value):
+    """Raise what the reference's step would, before anything is launched: the reference's
+    own ``_update_step`` on one-row arrays of each (dtype, form) of the step."""
+    from refopt.executors.cuda import _reference_clone
+    from refopt.indexed_slices import IndexedSlices
+
+    clone = _reference_clone(opt)
+    with np.errstate(all="ignore"):
+        for dt, form in sorted(forms, key=str):
+            z = np.zeros((1, 1), dt)
+            slots = {"accumulator": np.zeros(1, dt)}
+            if form == "rows":  # exact, present rows (duplicates summed)
+                clone._update_step(z, z, slots, lr_value, 1, lazy_rows=True)
+            elif form == "sequential":  # approximate, the occurrences in turn
+                g = IndexedSlices(np.zeros((1, 1), dt), np.zeros(1, np.int64), (1, 1))
+                clone._update_step(z, g, slots, lr_value, 1, lazy_rows=True)
+            else:
+                clone._update_step(z, z, slots, lr_value, 1)
+
+
+def device_calls(opt, state, positions, grads, lr_value):
+    """The device launches of one ``RowWiseAdagrad`` step, or None (then the host step).
+
+    Parameters
+    ----------
+    opt : refopt.RowWiseAdagrad
+    state : refopt.executors.cuda.CudaState
+    positions : list of int
+        The variables of the step (indices into ``state.views``).
+    grads : list of device arrays or IndexedSlices
+        Their gradients (dense ones already copied if they alias the state).
+    lr_value : float
+        The learning rate of this step.
+
+    Returns
+    -------
+    list of (callable, tuple, dict) or None
+        The launches, run by the executor after every check passed (a step that raises
+        changes nothing); None for what the kernels do not cover: clipping, the EMA, float16
+        tables, a 0-d variable, a subclass that rewrites the update.
+
+    Raises
+    ------
+    TypeError, ValueError
+        The reference's errors for the current hyperparameters, before any launch.
+    """
+    from refopt.indexed_slices import IndexedSlices
+    from refopt.kernels.cuda._launch import sorted_rows
+
+    if not _covered(opt, state, positions):
+        return None
+    forms = set()
+    for i, g in zip(positions, grads):
+        dt = np.dtype(state.views[i].dtype)
+        if not isinstance(g, IndexedSlices):
+            forms.add((dt, "dense"))
+        else:
+            forms.add((dt, "rows" if opt.exact else "sequential"))
+    _validate(opt, forms, lr_value)
+    kw = {"learning_rate": lr_value, "epsilon": opt.epsilon,
+          "weight_decay": opt.weight_decay or 0.0, "weight_decay_mode": opt.weight_decay_mode}
+    calls = []
+    for i, g in zip(positions, grads):
+        d = state.views[i]
+        acc = state.slots["accumulator"][i]
+        v = d.shape[0]
+        width = d.size // v if v else 0
+        if d.size == 0:
+            continue  # no row, or rows of no element: nothing changes
+        table = d.reshape(v, width)
+        if not isinstance(g, IndexedSlices):
+            calls.append((exact_rows, (table, g.reshape(v, width), acc, None), kw))
+            continue
+        if g.indices.shape[0] == 0:
+            continue  # an empty gradient changes nothing
+        if opt.exact:
+            with np.errstate(all="ignore"):
+                u = g.deduplicate()  # from zero, in order of appearance
+            n = u.indices.shape[0]
+            vals = cuda.to_device(np.ascontiguousarray(u.values).reshape(n, width))
+            rows = cuda.to_device(np.ascontiguousarray(u.indices, np.int64))
+            calls.append((exact_rows, (table, vals, acc, rows), kw))
+        else:
+            order, starts, urows = sorted_rows(g.indices)
+            n = g.indices.shape[0]
+            vals = cuda.to_device(np.ascontiguousarray(g.values).reshape(n, width))
+            calls.append((sequential_rows, (table, acc, vals, cuda.to_device(order),
+                                            cuda.to_device(starts), cuda.to_device(urows)),
+                          kw))
+    return calls
+
+
+def ptx_audit(cc=(8, 0), dtypes=(np.float32, np.float64)):
+    """Compile both kernels to PTX (no GPU; ``NUMBA_ENABLE_CUDASIM`` unset or 0) with the
+    argument types :func:`exact_rows` and :func:`sequential_rows` pass, and audit them with
+    :mod:`refopt.kernels.cuda.ptx`'s rules (no ``fma``/``mad``, every ``mul`` explicitly
+    rounded, no ``.approx``/``.ftz``).
+
+    Returns
+    -------
+    dict of str to list of str
+        ``"<kernel> <dtype>"`` to its problems (empty lists: the audit passes).
+
+    Raises
+    ------
+    RuntimeError
+        Under the simulator, which compiles nothing.
+    """
+    from numba import types as T
+
+    from refopt.kernels.cuda import ptx as X
+
+    X._require_toolchain()
+    kernels()  # registers the CUDA arithmetic and the device row step
+    out = {}
+    for dtype in dtypes:
+        dt = T.float32 if np.dtype(dtype) == np.float32 else T.float64
+        a2, a1, i1 = dt[:, ::1], dt[::1], T.int64[::1]
+        sigs = {"exact": (_exact, (a2, a2, a1, i1, T.boolean, dt, dt, dt, T.int64, dt, dt, dt)),
+                "sequential": (_sequential, (a2, a1, a2, i1, i1, i1, dt, dt, dt, T.int64, dt,
+                                             dt, dt))}
+        for name, (fn, sig) in sigs.items():
+            with X._device_stand_in(tuple(cc)):
+                text, _ = cuda.compile_ptx(fn, sig, cc=tuple(cc))
+            out[f"{name} {np.dtype(dtype).name}"] = (X.audit_ops(X.float_ops(text))
+                                                     + [f"{n} x {k}" for k, n in
+                                                        X.approximations(text).items()])
+    return out
