@@ -35,7 +35,11 @@ taken where it is reproduced op by op (:mod:`refopt.reference.bf16`, run by the 
 on every backend: torch's for-loop Adam, AdamW, SGD, Adagrad and RMSprop; Adam and SGD of
 tf_keras, Keras 3 and optax; golden cases ``*_bf16``) and refused elsewhere
 (:func:`check_supported`); :class:`refopt.MasterWeights` takes it under any convention
-(float32 masters).
+(float32 masters). float16 computed in its dtype by torch's for-loop Adam, AdamW, SGD,
+Adagrad and RMSprop takes the same op model (:func:`refopt.reference.bf16.takes`: dense
+gradients; golden cases ``torch/*_f16`` of the for-loop, bit for bit), and so does the
+``AveragedModel`` EMA of float16 variables (``takes_average``); every other float16 step
+computed in its dtype is NumPy's float16 arithmetic.
 
 :func:`round_to` is the one rounding used; :func:`stochastic_round` is the seeded stochastic
 rounding of master weights.

@@ -138,8 +138,9 @@ def test_bfloat16_refused_where_the_convention_computes_in_the_dtype():
 
 
 def test_torch_for_loop_optimizers_compute_float16_in_float16():
-    # refopt's torch SGD is torch's for-loop path (bound measured by torch/sgd_momentum_f16);
-    # the torch preset computes it as low_precision_compute="dtype" does
+    # refopt's torch SGD is torch's for-loop path (op by op, refopt.reference.bf16: the
+    # golden torch/sgd_momentum_f16 bit for bit); the torch preset computes it as
+    # low_precision_compute="dtype" does
     g = np.array([3.0, -1e-4, 70.0], F16)
     out = []
     for knobs in ({}, {"low_precision_compute": "dtype"}):

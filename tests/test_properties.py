@@ -755,6 +755,8 @@ def _copy_inputs(x):
         return x.copy()
     if isinstance(x, IndexedSlices):
         return IndexedSlices(x.values.copy(), x.indices.copy(), x.dense_shape)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a NamedTuple (SparseMomentumBuffer)
+        return type(x)(*(_copy_inputs(e) for e in x))
     if isinstance(x, (list, tuple)):
         return type(x)(_copy_inputs(e) for e in x)
     return x
@@ -802,6 +804,18 @@ def _reference_call(draw, name):
             p = draw(hnp.arrays(dtype, shape, elements=wild))
         g = draw(slices_for(shape, dtype))
         return getattr(ref, name), (p, g), {"learning_rate": draw(learning_rates)}
+    if name == "sgd_sparse_torch_momentum_update":  # torch's sparse buffer, or none yet
+        if not shape:
+            shape = (3,)
+            p = draw(hnp.arrays(dtype, shape, elements=wild))
+        g = draw(slices_for(shape, dtype))
+        buf = None
+        if draw(st.booleans()):
+            b = draw(slices_for(shape, dtype))
+            buf = ref.SparseMomentumBuffer(np.asarray(b.indices), np.asarray(b.values))
+        kw = {"learning_rate": draw(learning_rates), "momentum": draw(st.floats(0.1, 0.99)),
+              "dampening": draw(st.floats(0.0, 0.5)), "nesterov": draw(st.booleans())}
+        return ref.sgd_sparse_torch_momentum_update, (p, g, buf), kw
     if name in ("adam_update", "lazy_adam_update"):
         m, v, vhat = draw(adam_states(dtype, shape, draw(st.booleans())))
         kw = dict(draw(adam_hparams(dtype)), step=draw(st.integers(1, 100)))
@@ -952,7 +966,8 @@ REFERENCE_FUNCTIONS += ("proximal_adagrad_update", "proximal_adagrad_initial_sta
                         "proximal_gradient_descent_update")
 REFERENCE_FUNCTIONS += ("rowwise_adagrad_update", "rowwise_adagrad_sequential_update",
                         "rowwise_adagrad_initial_state", "rowwise_adagrad_rows")
-REFERENCE_FUNCTIONS += ("sgd_sparse_torch_update", "sgd_sparse_scatter_update")
+REFERENCE_FUNCTIONS += ("sgd_sparse_torch_update", "sgd_sparse_scatter_update",
+                        "sgd_sparse_torch_momentum_update")
 
 
 @st.composite

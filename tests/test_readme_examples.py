@@ -149,6 +149,12 @@ def test_cuda_rowwise_adagrad_example(tmp_path, monkeypatch):
     assert out.split() == ["[", "0.", "12.5", "0.", "0.", "]"]  # mean of (3^2, 4^2)
 
 
+def test_f16_loop_example(tmp_path, monkeypatch):
+    code = "\n".join(line[2:] for line in _block("# 32 in the AVX2 body").splitlines())
+    out = _run(code, tmp_path, monkeypatch)
+    assert out.strip() == "[43214, 43105]"  # torch 2.13's bits
+
+
 def test_torch_sparse_sgd_example(tmp_path, monkeypatch):
     code = "import numpy as np, refopt\n" + _block("refopt.SGD(learning_rate=0.1, convention=\"torch\")")
     out = _run(code, tmp_path, monkeypatch)

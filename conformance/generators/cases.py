@@ -1313,6 +1313,13 @@ CASES += [
          dict(learning_rate=0.01, rho=0.9, epsilon=1e-3, momentum=0.5, centered=True,
               weight_decay=0.01), 69, 20,
          "RMSprop(eps=1e-3, centered=True, momentum=0.5, weight_decay=0.01)"),
+        # around the optimizer: AveragedModel(get_ema_multi_avg_fn(0.9)) on float16
+        # parameters; clip_grad_norm_ on float16 gradients
+        ("sgd_ema", "SGD", dict(learning_rate=0.1, momentum=0.9, use_ema=True,
+                                ema_momentum=0.9), 70, 20,
+         "SGD(momentum=0.9) + AveragedModel(multi_avg_fn=get_ema_multi_avg_fn(0.9))"),
+        ("adam_clip", "Adam", dict(_ADAM, epsilon=1e-3, global_clipnorm=1.0), 71, 20,
+         "Adam(eps=1e-3) after torch.nn.utils.clip_grad_norm_(params, 1.0)"),
     )
 ]
 # bfloat16 variables (no mixed policy) under tf_keras and Keras 3 on TensorFlow's CPU

@@ -48,6 +48,10 @@ plan of :mod:`refopt.executors.plan` (the same plan and rules as ``backend="cpu"
   updates (the rule drivers' ``table`` kernels, through ``kc.adam_sparse`` /
   ``kc.sgd_sparse``), or the dense update on
   ``to_dense()`` (Keras 3's Adam, PyTorch's and optax's SGD).
+- **An optimizer's own kernels**: an optimizer may define ``_cuda_calls(state, positions,
+  grads, lr_value, kc)``, asked first by :func:`_prepare`, which checks (raising the
+  reference's errors) and returns its launches, or None for the rule drivers / the host
+  path below (RowWiseAdagrad: :mod:`refopt.kernels.cuda.rowwise_adagrad`, per-row sums).
 - **The host path** (:func:`_host_step`, with one :class:`HostStepWarning` per optimizer and
   reason): what a single fused pass cannot express runs the reference's staged step on host
   copies of the whole state and uploads the results: Keras 2's several clips in sequence,
@@ -58,7 +62,8 @@ plan of :mod:`refopt.executors.plan` (the same plan and rules as ``backend="cpu"
   under PyTorch (no SparseAdam rule), float16 RMSprop under torch/optax (the reference's
   float16 FMA rounds once, the rule's twice), float16 under torch's for-loop Adam, AdamW,
   SGD, Adagrad and RMSprop (op by op, :func:`refopt.reference.bf16.takes`: the staged step's
-  own check), float16/bfloat16 computed in float32 with
+  own check) and float16 averaged by torch's ``AveragedModel`` (``takes_average``),
+  float16/bfloat16 computed in float32 with
   clipping, the EMA or a sparse gradient (:mod:`refopt.precision`), and
   optimizers without a rule. Same numbers;
   the cost is the state's round trip. ``opt._state.fallbacks`` counts those steps per reason.
@@ -434,6 +439,13 @@ def _prepare(opt, positions, present_grads, lr_value, kc):
             kc.copy(dup, g)
             g = dup
         grads.append(g)
+    # An optimizer with its own device kernels (``_cuda_calls``: RowWiseAdagrad's per-row
+    # reductions, which the rules cannot express) gives its launches, or None: then as any.
+    own = getattr(opt, "_cuda_calls", None)
+    if own is not None:
+        calls = own(state, positions, grads, lr_value, kc)
+        if calls is not None:
+            return calls, None
     try:
         return _fused(opt, positions, grads, lr_value, kc), None
     except _Fallback as why:
@@ -480,6 +492,8 @@ def _fused(opt, positions, grads, lr_value, kc):
         elif opt.use_ema or kind is not None or any(
                 isinstance(g, IndexedSlices) for g in grads):
             raise _Fallback(f"{dt.name} computed in float32 (refopt.precision)")
+    if any(_loop.takes_average(opt, dt) for dt in set(dtype_of)):  # every variable's EMA
+        raise _Fallback("float16 averaged as torch's AveragedModel (refopt.reference.bf16)")
     low = {dt: k for dt, k in low.items()
            if _precision.compute_dtype(conv, dt, opt) is not None}
     if kind == "global" and len(dtypes_present) > 1:

@@ -86,6 +86,9 @@ def average(opt, i, new_param):
         return opt._kernels.ema_update(
             opt._averages[i], new_param, ema_momentum=opt.ema_momentum
         )
+    if _loop_bf16.takes_average(opt, opt._averages[i].dtype):  # AveragedModel on float16
+        return _loop_bf16.ema_torch(opt._averages[i], new_param, opt.ema_momentum,
+                                    first_step=opt._iterations == 0)
     with np.errstate(all="ignore"):
         return np.asarray(_variants.ema_variant(
             opt._averages[i], new_param, ema_momentum=opt.ema_momentum,
@@ -159,7 +162,12 @@ def compute(opt, present, lr_value, dedup=None):
                 grad, IndexedSlices)):  # bfloat16/float16 op by op: refopt.reference.bf16
             new_param, new_slots = _loop_bf16.update(opt, param, grad, slots, lr_value, step,
                                                      decays, sparse=rows is not None)
-            out[id(var)] = (new_param, new_slots, None, rows)
+            avg = None
+            if opt.use_ema:  # float16 only (dense, rows None); bfloat16 refuses the EMA
+                avg = average(opt, i, new_param)
+                if overwrite:
+                    new_param = avg
+            out[id(var)] = (new_param, new_slots, avg, rows)
             continue
         extra = {}
         # float16/bfloat16 under low_precision_compute="float32" (PyTorch's opmath): decay

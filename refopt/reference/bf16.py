@@ -50,8 +50,9 @@ table holds, the scalar tail included (``numel % 32``: two ``Vectorized<Half>`` 
 shows where bfloat16's does not: ``eps=1e-8`` rounds to 0 in ``a.add_(eps)``, so a ``v``
 that underflows to 0 gives torch's ``m / 0`` (an infinity, or NaN for ``m = 0``), which
 this model gives too (golden cases ``torch/*_loop_f16``, ``torch/adagrad_f16``,
-``torch/sgd_momentum_f16``). Not taken: the EMA (``AveragedModel``) and sparse gradients,
-which keep NumPy's float16 arithmetic (:func:`takes`).
+``torch/sgd_momentum_f16``). ``AveragedModel``'s exponential average of float16 parameters
+is the op ``lerp`` too (:func:`ema_torch`, ``torch/sgd_ema_loop_f16``). Not taken: sparse
+gradients, which keep NumPy's float16 arithmetic (:func:`takes`).
 
 tf_keras and Keras 3
 --------------------
@@ -86,8 +87,8 @@ from refopt import precision as _precision
 from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import lr_cast, scalar, tf_cast
 
-__all__ = ["TAIL_LANES", "TAIL_LANES_F16", "keras_adam", "keras_sgd", "optax_adam", "optax_sgd", "supported",
-           "takes", "update"]
+__all__ = ["TAIL_LANES", "TAIL_LANES_F16", "ema_torch", "keras_adam", "keras_sgd",
+           "optax_adam", "optax_sgd", "supported", "takes", "takes_average", "update"]
 
 #: Elements per iteration of torch's vectorised CPU loop on bfloat16 under AVX2 (two
 #: ``Vectorized<BFloat16>`` of 16): the last ``numel % TAIL_LANES`` take the scalar path.
@@ -391,14 +392,15 @@ def takes(opt, dtype, sparse=False):
     optimizer :func:`supported` accepts (a sparse gradient then raises in :func:`update`).
     float16 computed in its dtype by torch's for-loop ``Adam``, ``AdamW``, ``SGD``,
     ``Adagrad``, ``RMSprop`` (the torch kinds :func:`supported` accepts, under ``"torch"``,
-    ``"fbgemm"``, ``"torch_fused"`` for RMSprop) with a dense gradient (``sparse`` False)
-    and without the EMA: each torch op computed in float32 and rounded once to float16,
-    bit for bit torch 2.13's (golden cases ``torch/*_f16`` of the for-loop). Clipping is
-    allowed there: it runs before, on the float16 gradients, as elsewhere. Every other
-    float16 step keeps NumPy's float16 arithmetic (every op rounded).
+    ``"fbgemm"``, ``"torch_fused"`` for RMSprop) with a dense gradient (``sparse`` False):
+    each torch op computed in float32 and rounded once to float16, bit for bit torch 2.13's
+    (golden cases ``torch/*_f16`` of the for-loop). Clipping runs before, on the float16
+    gradients, as elsewhere (``clip_grad_norm_``: ``torch/adam_clip_loop_f16``), and the EMA
+    after (:func:`takes_average`). Every other float16 step keeps NumPy's float16
+    arithmetic (every op rounded).
     """
     if dtype == _F16:
-        if sparse or opt.use_ema or _kind(opt) not in ("adam", "sgd", "adagrad", "rmsprop"):
+        if sparse or _kind(opt) not in ("adam", "sgd", "adagrad", "rmsprop"):
             return False
         if _precision.compute_dtype(opt.convention, dtype, opt) is not None:
             return False
@@ -406,6 +408,28 @@ def takes(opt, dtype, sparse=False):
     return (_precision.BFLOAT16 is not None and dtype == _precision.BFLOAT16
             and _precision.compute_dtype(opt.convention, dtype, opt) is None
             and supported(opt) is None)
+
+
+def takes_average(opt, dtype):
+    """Whether the EMA of a ``dtype`` variable of ``opt`` is :func:`ema_torch`: float16
+    under ``AveragedModel``'s exponential average (convention knob ``ema="torch"``, an
+    ``ema_momentum``), whatever computes the step."""
+    return (dtype == _F16 and opt.use_ema and opt.convention.ema == "torch"
+            and opt.ema_momentum is not None)
+
+
+def ema_torch(average, param, ema_momentum, *, first_step):
+    """``AveragedModel(multi_avg_fn=get_ema_multi_avg_fn(ema_momentum))`` on float16: the
+    first update copies ``param``, later ones ``average.lerp_(param, 1 - ema_momentum)``
+    (``torch._foreach_lerp_``, on CPU the op :func:`lerp` per tensor). New array.
+
+    Source: ``torch/optim/swa_utils.py`` (2.13, ``get_ema_multi_avg_fn``,
+    ``AveragedModel.update_parameters``).
+    """
+    if first_step:
+        return np.array(param, copy=True)
+    with np.errstate(all="ignore"):
+        return lerp(average, param, 1 - float(ema_momentum))
 
 
 def update(opt, param, grad, slots, learning_rate, step, decays, sparse=False):

@@ -196,9 +196,9 @@ def sgd_sparse_torch_momentum_update(param, grad, buffer, *, learning_rate, mome
     nesterov = check_flag("nesterov", nesterov)
     buffer = _check_buffer(param, buffer)
     dtype = param.dtype
-    g = SparseMomentumBuffer(np.asarray(grad.indices, np.int64).reshape(-1),
-                             np.asarray(grad.values, dtype).reshape(
-                                 (-1,) + param.shape[1:]))
+    idx = np.asarray(grad.indices, np.int64).reshape(-1)
+    g = SparseMomentumBuffer(idx, np.asarray(grad.values, dtype).reshape(
+        (idx.size,) + param.shape[1:]))  # (not -1: rows of zero width)
     with np.errstate(all="ignore"):
         if buffer is None:
             buf = SparseMomentumBuffer(g.indices.copy(), g.values.copy())
