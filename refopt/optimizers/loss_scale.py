@@ -679,8 +679,9 @@ class GradScaler:
             return outputs
         if isinstance(outputs, np.ndarray):
             if _precision.is_low_precision(outputs.dtype):  # opmath: float32, one rounding
-                return (outputs.astype(np.float32) * np.float32(self._scale)).astype(
-                    outputs.dtype)
+                with np.errstate(over="ignore"):  # overflows to inf, as torch's
+                    return (outputs.astype(np.float32) * np.float32(self._scale)).astype(
+                        outputs.dtype)
             return outputs * outputs.dtype.type(np.float32(self._scale))
         return outputs * self._scale
 
