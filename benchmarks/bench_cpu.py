@@ -302,9 +302,15 @@ def _catalogue():
         ("ASGD", 20, {"convention": "torch"}, "ASGD", {}),
         ("Rprop", 28, {"convention": "torch"}, "Rprop", {}),
         ("Ftrl", 28, {}, None, {}),
-        ("Lamb", 28, {"convention": "keras3"}, None, {}),
-        # on a vector Adafactor keeps one unfactored second moment (torch: in place)
-        ("Adafactor", 20, {"convention": "torch"}, "Adafactor", {}),
+        # Lamb is two passes with the trust-ratio norms between them (its in-place step):
+        # read g, m, v, write m, v and the direction u (24); the norms read w, u (8, each a
+        # serial sum in Keras 3's order, on two threads); the step reads w, u, writes w (12)
+        ("Lamb", 44, {"convention": "keras3"}, None, {}),
+        # on a vector Adafactor keeps one unfactored second moment; its in-place step is two
+        # passes with two norms between them: read g, v, write v and the direction u (16);
+        # the norms read w, u (8, each serial in PyTorch's order, on two threads); the
+        # step reads w, u, writes w (12)
+        ("Adafactor", 36, {"convention": "torch"}, "Adafactor", {}),
     ]
     for name, nbytes, kwargs, tname, tkwargs in more:
         cls = getattr(refopt, name, None)
@@ -315,10 +321,24 @@ def _catalogue():
                     lambda cls=cls, kwargs=kwargs: cls(backend="cpu", **kwargs),
                     (lambda ps, tcls=tcls, tkwargs=tkwargs, **kw: tcls(ps, **tkwargs, **kw))
                     if tcls is not None else None))
+    # the staged step (new arrays, committed at the end): the phased optimizers' path before
+    # their in-place step, and still with clipping or EMA
+    for name, nbytes, kwargs in (("Lamb", 44, {"convention": "keras3"}),
+                                 ("Adafactor", 36, {"convention": "torch"})):
+        cls = getattr(refopt, name, None)
+        if cls is None:
+            continue
+
+        def staged(cls=cls, kwargs=kwargs):
+            opt = cls(backend="cpu", **kwargs)
+            opt._in_place_step = None  # the CPU executor's hook then passes it by
+            return opt
+
+        out.append((f"{name} (staged step)", nbytes, staged, None))
     return out
 
 
-def bench_catalogue(n):
+def bench_catalogue(n, only=None):
     print(f"\n## The dense optimizers at n = {n:.0e}, float32, backend='cpu' (median ms; same "
           "run): against the bandwidth ceiling for their bytes per element, and torch's default "
           "(single-tensor, foreach=False) and fused steps\n")
@@ -331,6 +351,8 @@ def bench_catalogue(n):
     a = rng.standard_normal(n, dtype=np.float32)
     s = np.float32(1e-6)
     for label, nbytes, make, make_torch in _catalogue():
+        if only and not any(o.lower() in label.lower() for o in only):
+            continue
         w = rng.standard_normal(n, dtype=np.float32)
         opt = make()
         pairs = [(g, w)]
@@ -368,6 +390,9 @@ def main(argv=None):
                         help="only the dense Adam table, at these sizes (e.g. 1e4 1e5 1e6)")
     parser.add_argument("--catalogue-only", metavar="N", type=float,
                         help="only the dense optimizers' table, at this size (e.g. 1e7)")
+    parser.add_argument("--only", metavar="NAME", nargs="+",
+                        help="with --catalogue-only: the rows whose label contains one of "
+                             "these (e.g. Lamb Adafactor)")
     args = parser.parse_args(argv)
     print(f"# refopt {refopt.__version__} CPU benchmark: numba {numba.__version__} "
           f"({numba.config.THREADING_LAYER} layer, {numba.get_num_threads()} threads), "
@@ -378,7 +403,7 @@ def main(argv=None):
         bench_dense([int(n) for n in args.dense_only], 0)
         return
     if args.catalogue_only:
-        bench_catalogue(int(args.catalogue_only))
+        bench_catalogue(int(args.catalogue_only), args.only)
         return
     if args.quick:
         bench_dense([10**5, 10**6], 10**6)

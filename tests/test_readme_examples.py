@@ -155,6 +155,11 @@ def test_f16_loop_example(tmp_path, monkeypatch):
     assert out.strip() == "[43214, 43105]"  # torch 2.13's bits
 
 
+def test_lamb_in_place_example(tmp_path, monkeypatch):
+    assert _run(_block("refopt.Lamb(learning_rate=1e-3, backend=\"cpu\")"), tmp_path,
+                monkeypatch) == ""  # its assert held: cpu's bits are the reference's
+
+
 def test_torch_sparse_sgd_example(tmp_path, monkeypatch):
     code = "import numpy as np, refopt\n" + _block("refopt.SGD(learning_rate=0.1, convention=\"torch\")")
     out = _run(code, tmp_path, monkeypatch)

@@ -522,10 +522,10 @@ def try_fast_step(opt, positions, grads, lr_value):
 def try_in_place_step(opt, positions, grads, lr_value):
     """Run one step with the optimizer's own in-place CPU step, if it has one and qualifies.
 
-    For the optimizers that are no single rule (the phased updates: ``Lamb``), which define
-    ``_in_place_step(items, lr_value) -> bool``: ``items`` is one ``(variable, gradient,
-    {slot: array}, step, decays)`` per variable (the live arrays; ``decays``: the weight decay
-    acts on it); the method checks everything before it writes, and returns False having
+    For the optimizers that are no single rule (the phased updates: ``Lamb``, ``Adafactor``),
+    which define ``_in_place_step(items, lr_value) -> bool``: ``items`` is one ``(variable,
+    gradient, {slot: array}, step, decays)`` per variable (the live arrays; ``decays``: the
+    weight decay acts on it); the method checks everything before it writes, and returns False having
     written nothing when it does not take a variable. The executor passes only what the
     staged step would add nothing to: dense ndarray gradients (copied where they share memory
     with what is written), no clipping, no EMA, no low-precision compute, no MKL root, no

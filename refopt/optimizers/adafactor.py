@@ -70,10 +70,14 @@ class Adafactor(Optimizer):
     gradients only (an IndexedSlices gradient is refused). Under ``"torch"`` each variable
     counts its own steps.
 
-    ``backend="cpu"`` computes Adafactor in phases, one tensor at a time through the staged
-    step (:mod:`refopt.rules.adafactor`: the estimate with the update and the step are rule
+    ``backend="cpu"`` computes Adafactor in phases, one tensor at a time
+    (:mod:`refopt.rules.adafactor`: the estimate with the update and the step are rule
     kernels; the means and the factored moments between them are computed on the host in
-    the framework's order); ``backend="cuda"`` takes the CUDA executor's host step
+    the framework's order), in place (:func:`refopt.kernels.cpu.adafactor.prepare_in_place`:
+    the moment of the variable's size and the variable overwritten, the update in a scratch
+    array of the largest variable's size per dtype, kept between steps; under ``"torch"``
+    the two norms summed at once on two threads); with clipping, EMA or a float16 variable
+    it takes the staged step (new arrays, committed at the end). ``backend="cuda"`` takes the CUDA executor's host step
     (``HostStepWarning``; the device phases are ``refopt.kernels.cuda.adafactor_update``).
     The numbers are the reference's, bit for bit. Adafactor is not in the fused
     multi-tensor kernels (those take single-phase rules).
@@ -256,6 +260,49 @@ class Adafactor(Optimizer):
             learning_rate=learning_rate, step=step, convention=conv, **kw)
         return r.param, {"velocity_row": r.velocity_row, "velocity_col": r.velocity_col,
                          "velocity": r.velocity}
+
+    def _in_place_step(self, items, lr_value):
+        """``backend="cpu"``'s in-place step (:func:`refopt.executors.cpu.try_in_place_step`,
+        :func:`refopt.kernels.cpu.adafactor.prepare_in_place`): every variable checked and
+        prepared first, then each run; False, nothing written, when one is not for it
+        (float16, a non-contiguous array, a rewritten update)."""
+        if self._uses_update_step():
+            return False
+        import numpy as np
+
+        from refopt.kernels.cpu.adafactor import prepare_in_place
+
+        conv = self.convention
+        clip = math.inf if self.clip_threshold is None else self.clip_threshold
+        runs = []
+        for param, grad, slots, step, decays in items:
+            source, wd = None, None
+            if decays and self._decay_mode() in ("l2", "optax"):
+                wd = self.weight_decay  # inside the step
+            elif decays:  # Keras' decoupled decay before the update: the decayed copy
+                source = self._kernels.apply_weight_decay(
+                    param, learning_rate=lr_value, weight_decay=self.weight_decay)
+            kw = {"beta_2_decay": self.beta_2_decay, "epsilon_1": self.epsilon_1,
+                  "epsilon_2": self.epsilon_2, "clip_threshold": clip, "weight_decay": wd}
+            if conv.adafactor_form == "optax":
+                kw.update(min_dim_size_to_factor=self.min_dim_size_to_factor,
+                          decay_offset=self.decay_offset, factored=self.factored,
+                          multiply_by_parameter_scale=self.multiply_by_parameter_scale)
+            dt = param.dtype
+            pool = self.__dict__.setdefault("_scratch", {})
+            if dt in (np.float32, np.float64) and (
+                    dt not in pool or pool[dt].size < param.size):
+                pool[dt] = np.empty(param.size, dt)  # the direction's, kept between steps
+            run = prepare_in_place(
+                param, grad, slots["velocity_row"], slots["velocity_col"], slots["velocity"],
+                learning_rate=lr_value, step=step, convention=conv, source=source,
+                scratch=pool.get(dt), **kw)
+            if run is None:
+                return False
+            runs.append(run)
+        for run in runs:  # from here on nothing can fail
+            run()
+        return True
 
     def get_config(self):
         config = super().get_config()

@@ -49,9 +49,14 @@ class Lamb(Optimizer):
     Keras 3 (as TensorFlow converts it) and refused under optax. The update rules are
     written out in :func:`refopt.reference.lamb_update`.
 
-    ``backend="cpu"`` computes Lamb in phases, one tensor at a time through the staged step
-    (:mod:`refopt.rules.lamb`: the direction and the step are rule kernels, the trust-ratio
-    norms between them are summed on the host in the framework's order); ``backend="cuda"``
+    ``backend="cpu"`` computes Lamb in phases, one tensor at a time, in place
+    (:func:`refopt.kernels.cpu.lamb.prepare_in_place`: one parallel pass updates the moments
+    and writes the direction ``u`` into a scratch array, the two trust-ratio norms are
+    summed at once on two threads, each serially in the framework's order, and a second
+    parallel pass updates the variable; the scratch, one array the size of the largest
+    variable of each dtype, is kept between steps); with clipping, EMA or a float16
+    variable it takes the staged step (:mod:`refopt.rules.lamb`'s phases into new arrays,
+    committed at the end). ``backend="cuda"``
     takes the CUDA executor's host step (``HostStepWarning``; the device phases are
     ``refopt.kernels.cuda.lamb_update``). The numbers are the reference's, bit for bit.
     Lamb is not in the fused multi-tensor kernels (those take single-phase rules).
@@ -149,6 +154,49 @@ class Lamb(Optimizer):
             beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon, step=step,
             convention=conv, eps_root=self.eps_root, weight_decay=weight_decay)
         return r.param, {"m": r.m, "v": r.v}
+
+    def _in_place_step(self, items, lr_value):
+        """``backend="cpu"``'s in-place step (:func:`refopt.executors.cpu.try_in_place_step`):
+        every variable checked and prepared first, then each run; False, nothing written,
+        when one is not for it (float16, a non-contiguous array, a rewritten update)."""
+        if self._uses_update_step():
+            return False
+        from refopt.kernels.cpu.lamb import prepare_in_place
+
+        conv = self.convention
+        runs = []
+        for param, grad, slots, step, decays in items:
+            source, wd = None, None
+            if decays and conv.lamb_form == "optax":
+                wd = self.weight_decay  # add_decayed_weights, inside the direction
+            elif decays:  # Keras 3's decoupled decay before the update: the decayed copy
+                source = self._kernels.apply_weight_decay(
+                    param, learning_rate=lr_value, weight_decay=self.weight_decay)
+            run = prepare_in_place(
+                param, grad, slots["m"], slots["v"], learning_rate=lr_value,
+                beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon, step=step,
+                convention=conv, eps_root=self.eps_root, weight_decay=wd, source=source,
+                scratch=self._lamb_scratch(param))
+            if run is None:
+                return False
+            runs.append(run)
+        for run in runs:  # from here on nothing can fail
+            run()
+        return True
+
+    def _lamb_scratch(self, param):
+        """The direction's scratch for ``param`` (float32/float64; else None): one array
+        per dtype, grown to the largest variable, kept between steps."""
+        import numpy as np
+
+        dt = getattr(param, "dtype", None)
+        if dt not in (np.float32, np.float64):
+            return None
+        pool = self.__dict__.setdefault("_scratch", {})
+        buf = pool.get(dt)
+        if buf is None or buf.size < param.size:
+            buf = pool[dt] = np.empty(param.size, dt)
+        return buf
 
     def get_config(self):
         config = super().get_config()

@@ -160,12 +160,14 @@ HOST_SUMS = _HostSums()
 
 
 def pure_update(apply, param, grad, velocity_row, velocity_col, velocity, *, learning_rate,
-                step, convention=None, sums=None, **options):
+                step, convention=None, sums=None, copy=True, **options):
     """:func:`refopt.reference.adafactor_update` in phases with a backend's ``apply(call,
     param, grad, slots) -> (param, slots)``: the reference's checks, the host's means (the
     reference's functions), the direction, the host's clip, the step. Returns an
     ``AdafactorResult``. ``sums``: the means' sums (default :data:`HOST_SUMS`, the
-    reference's functions; the CPU's compiled ones have the same bits)."""
+    reference's functions; the CPU's compiled ones have the same bits). ``copy=False``: the
+    slots of the result may be the arrays ``apply`` returned or the inputs themselves (an
+    ``apply`` that writes in place: the CPU's in-place step)."""
     from refopt import _libm
     from refopt.reference import adafactor as R
     from refopt.reference._common import lr_cast, scalar, tf_cast
@@ -228,7 +230,6 @@ def pure_update(apply, param, grad, velocity_row, velocity_col, velocity, *, lea
             stepf = float(step)
             b = stepf ** o["beta_2_decay"]
             rho = min(lr, 1 / (stepf ** 0.5))
-            alpha = max(o["epsilon_2"], float(S.torch_vector_norm(w)) / (w.size ** 0.5)) * rho
             eps1 = float(np.finfo(dt).eps) if o["epsilon_1"] is None else o["epsilon_1"]
             dsc[S_ONE], dsc[S_E1SQ] = one, scalar(dt, eps1 * eps1)
             if w.ndim > 1:
@@ -249,8 +250,12 @@ def pure_update(apply, param, grad, velocity_row, velocity_col, velocity, *, lea
             u, out = apply(RuleCall(ADAFACTOR_DIRECTION, scalars(dt, dsc), flags(fl)), w, g,
                            slots)
             v_new = out[0] if w.ndim <= 1 else v
-            denom = max(1.0, float(S.torch_vector_norm(u)) / ((u.size ** 0.5)
-                                                           * o["clip_threshold"]))
+            # the norms of w (unchanged by the direction) and u, at once where the sums can
+            norm2 = getattr(S, "torch_vector_norm2", None)
+            w_norm, u_norm = (norm2(w, u) if norm2 is not None else
+                              (S.torch_vector_norm(w), S.torch_vector_norm(u)))
+            alpha = max(o["epsilon_2"], float(w_norm) / (w.size ** 0.5)) * rho
+            denom = max(1.0, float(u_norm) / ((u.size ** 0.5) * o["clip_threshold"]))
             ssc[S_ALPHA] = scalar(dt, -alpha / denom)
             if wd:
                 fl[F_DECAY] = 1
@@ -299,7 +304,9 @@ def pure_update(apply, param, grad, velocity_row, velocity_col, velocity, *, lea
                 ssc[S_WD] = scalar(dt, wd)
             ssc[S_MINUS_ONE] = scalar(dt, -1)
         p, _ = apply(RuleCall(ADAFACTOR_STEP, scalars(dt, ssc), flags(fl)), w, u, [])
-    # new arrays always (a slot a form leaves alone is not handed back as the input itself)
-    return R.AdafactorResult(p, np.array(r, dt).reshape(velocity_row.shape),
-                             np.array(c, dt).reshape(velocity_col.shape),
-                             np.array(v_new, dt).reshape(velocity.shape))
+    # new arrays (a slot a form leaves alone is not handed back as the input itself),
+    # unless copy=False
+    new = np.array if copy else np.asarray
+    return R.AdafactorResult(p, new(r, dt).reshape(velocity_row.shape),
+                             new(c, dt).reshape(velocity_col.shape),
+                             new(v_new, dt).reshape(velocity.shape))

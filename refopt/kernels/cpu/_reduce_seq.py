@@ -36,6 +36,7 @@ __all__ = [
     "torch_rows_norm",
     "torch_sum_squares",
     "torch_vector_norm",
+    "torch_vector_norm2",
     "xla_sum_squares",
     "xla_sum_squares2",
 ]
@@ -275,6 +276,84 @@ def _torch_ssq_all(x, lanes, unfused4, zero):
     return _torch_ssq(x, 0, x.size, lanes, unfused4, zero, acc)
 
 
+# Whole-array torch_sum_squares with the lanes in registers (8 float32 or 4 float64 named
+# accumulators: the same additions as _torch_ssq's, which keeps them in memory)
+@njit(**_OPTS)
+def _torch_tail(x, m, n, unfused4, s):
+    unfused = unfused4 if n - m >= 4 else 0
+    for k in range(n - m):
+        v = x[m + k]
+        if k < unfused:
+            s = s + v * v
+        else:
+            s = fma(v, v, s)
+    return s
+
+
+@njit(**_OPTS)
+def _torch_sq8(x, unfused4, zero):
+    n = x.size
+    m = n - n % 8
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
+    for b in range(0, m, 8):
+        a0 = a0 + x[b] * x[b]
+        a1 = a1 + x[b + 1] * x[b + 1]
+        a2 = a2 + x[b + 2] * x[b + 2]
+        a3 = a3 + x[b + 3] * x[b + 3]
+        a4 = a4 + x[b + 4] * x[b + 4]
+        a5 = a5 + x[b + 5] * x[b + 5]
+        a6 = a6 + x[b + 6] * x[b + 6]
+        a7 = a7 + x[b + 7] * x[b + 7]
+    s = ((((((a0 + a1) + a2) + a3) + a4) + a5) + a6) + a7
+    return _torch_tail(x, m, n, unfused4, s)
+
+
+@njit(**_OPTS)
+def _torch_sq4(x, unfused4, zero):
+    n = x.size
+    m = n - n % 4
+    a0 = a1 = a2 = a3 = zero
+    for b in range(0, m, 4):
+        a0 = a0 + x[b] * x[b]
+        a1 = a1 + x[b + 1] * x[b + 1]
+        a2 = a2 + x[b + 2] * x[b + 2]
+        a3 = a3 + x[b + 3] * x[b + 3]
+    s = ((a0 + a1) + a2) + a3
+    return _torch_tail(x, m, n, unfused4, s)
+
+
+def _torch_whole(flat):
+    # torch_sum_squares of a contiguous float32/float64 1-d array, lanes in registers
+    dt = flat.dtype
+    f = _torch_sq8 if _lanes(dt) == 8 else _torch_sq4
+    return dt.type(f(flat, _unfused(dt), dt.type(0)))
+
+
+@njit(parallel=True, **_OPTS)
+def _torch_sq_two(x, y, lanes, unfused4, zero, out):
+    for k in prange(2):
+        z = x if k == 0 else y
+        if lanes == 8:
+            out[k] = _torch_sq8(z, unfused4, zero)
+        else:
+            out[k] = _torch_sq4(z, unfused4, zero)
+
+
+def torch_vector_norm2(x, y):
+    """``(torch_vector_norm(x), torch_vector_norm(y))``; two large arrays of one dtype
+    (float32 or float64) are summed at once on two threads, each serially in PyTorch's
+    order."""
+    fx, fy = _flat(x), _flat(y)
+    dt = fx.dtype
+    if not (dt in (np.float32, np.float64) and fy.dtype == dt and fx.size > 1
+            and fy.size > 1 and fx.size + fy.size >= (1 << 18)):
+        return torch_vector_norm(x), torch_vector_norm(y)
+    out = np.empty(2, dt)
+    with np.errstate(all="ignore"):
+        _torch_sq_two(fx, fy, _lanes(dt), _unfused(dt), dt.type(0), out)
+        return np.sqrt(out[0]), np.sqrt(out[1])
+
+
 def _unfused(dt):
     from refopt.reference.reductions import TORCH_TAIL_UNFUSED
 
@@ -286,6 +365,8 @@ def torch_sum_squares(x):
     flat = _flat(x)
     dt = flat.dtype
     with np.errstate(all="ignore"):
+        if _lanes(dt) in (4, 8):
+            return _torch_whole(flat)
         return dt.type(_torch_ssq_all(flat, _lanes(dt), _unfused(dt), dt.type(0)))
 
 
@@ -312,6 +393,9 @@ def torch_vector_norm(x):
         from refopt.reference.reductions import torch_vector_norm as ref
 
         return ref(x)
+    if flat.size > 1:  # (one element: |x|, as torch_rows_norm)
+        with np.errstate(all="ignore"):
+            return np.sqrt(_torch_whole(flat))
     return torch_rows_norm(flat.reshape(1, -1))[0]
 
 
@@ -405,6 +489,7 @@ class _Sums:
     xla_sum_squares = staticmethod(xla_sum_squares)
     xla_sum_squares2 = staticmethod(xla_sum_squares2)
     torch_vector_norm = staticmethod(torch_vector_norm)
+    torch_vector_norm2 = staticmethod(torch_vector_norm2)
 
     @staticmethod
     def eigen_rows_sq_add(g, e):
