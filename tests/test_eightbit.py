@@ -30,7 +30,8 @@ def _run(d, cfg, sqrt):
     kw = cfg["defaults"]
     lion = cfg["optimizer"].startswith("Lion")
     p = d["param0"]
-    st = (E.lion8bit_initial_state if lion else E.adam8bit_initial_state)(p)
+    st = (E.lion8bit_initial_state if lion else E.adam8bit_initial_state)(
+        p, cfg["min_8bit_size"])
     for t in range(1, cfg["steps"] + 1):
         g = d[f"grad/{t}"]
         if lion:
@@ -48,8 +49,9 @@ def _bits(a):
 
 def test_every_recorded_case_is_here():
     ids = sorted(_case(f)[1]["id"] for f in FILES)
-    assert ids == ["adam8bit_f32", "adam8bit_opts_f32", "adam8bit_small_f32",
-                   "adamw8bit_f32", "lion8bit_f32", "lion8bit_opts_f32"]
+    assert ids == ["adam8bit_f32", "adam8bit_nonfinite_f32", "adam8bit_nonfinite_small_f32",
+                   "adam8bit_opts_f32", "adam8bit_small_f32", "adamw8bit_f32", "lion8bit_f32",
+                   "lion8bit_nonfinite_f32", "lion8bit_nonfinite_small_f32", "lion8bit_opts_f32"]
 
 
 def test_dynamic_maps_are_bitsandbytes_maps():

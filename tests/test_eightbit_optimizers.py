@@ -44,7 +44,8 @@ def _host(a):
 def _optimizer(cfg, backend, convention="torch"):
     kw = cfg["defaults"]
     args = {"learning_rate": kw["lr"], "beta_1": kw["betas"][0], "beta_2": kw["betas"][1],
-            "weight_decay": kw["weight_decay"], "backend": backend, "convention": convention}
+            "weight_decay": kw["weight_decay"], "backend": backend, "convention": convention,
+            "min_8bit_size": cfg["min_8bit_size"]}
     if not cfg["optimizer"].startswith("Lion"):
         args["epsilon"] = kw["eps"]
     return getattr(refopt, cfg["optimizer"])(**args)
@@ -91,7 +92,8 @@ def test_classes_replay_bitsandbytes_bit_identically(path, backend):
     assert opt.get_slot(p, "m").dtype == (np.uint8 if eight else np.float32)
 
 
-@pytest.mark.parametrize("name", ["adam8bit_opts_f32", "lion8bit_f32"])
+@pytest.mark.parametrize("name", ["adam8bit_opts_f32", "lion8bit_f32",
+                                  "lion8bit_nonfinite_f32"])
 def test_cuda_backend_takes_the_host_step_with_the_same_bits(name):
     kc = pytest.importorskip("refopt.kernels.cuda", reason="numba-cuda is not installed")
     from refopt.executors.cuda import HostStepWarning
@@ -105,8 +107,9 @@ def test_cuda_backend_takes_the_host_step_with_the_same_bits(name):
 
 def test_every_bitsandbytes_case_is_replayed():
     assert sorted(os.path.basename(f)[:-4] for f in FILES) == [
-        "adam8bit_f32", "adam8bit_opts_f32", "adam8bit_small_f32", "adamw8bit_f32",
-        "lion8bit_f32", "lion8bit_opts_f32"]
+        "adam8bit_f32", "adam8bit_nonfinite_f32", "adam8bit_nonfinite_small_f32",
+        "adam8bit_opts_f32", "adam8bit_small_f32", "adamw8bit_f32", "lion8bit_f32",
+        "lion8bit_nonfinite_f32", "lion8bit_nonfinite_small_f32", "lion8bit_opts_f32"]
 
 
 # --------------------------------------------------------------------------- slots

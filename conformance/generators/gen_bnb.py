@@ -40,7 +40,41 @@ CASES = [
     ("lion8bit_f32", "Lion8bit", {"lr": 1e-3}, 4500, 6, 4),
     ("lion8bit_opts_f32", "Lion8bit", {"lr": 3e-3, "betas": (0.95, 0.98),
                                        "weight_decay": 0.5}, 4096, 5, 5),
+    # non-finite gradients (see _NONFINITE); min_8bit_size lowered to keep them small
+    ("adam8bit_nonfinite_f32", "Adam8bit", {"lr": 1e-2, "min_8bit_size": 256}, 1024, 5, 6),
+    ("lion8bit_nonfinite_f32", "Lion8bit", {"lr": 1e-2, "weight_decay": 0.1,
+                                            "min_8bit_size": 256}, 1024, 5, 7),
+    ("adam8bit_nonfinite_small_f32", "Adam8bit", {"lr": 1e-2}, 300, 4, 8),
+    ("lion8bit_nonfinite_small_f32", "Lion8bit", {"lr": 1e-2, "weight_decay": 0.1}, 300, 4, 9),
 ]
+
+
+def _nonfinite_8bit(grads):
+    """Four blocks of 256: NaN first and last in block 0 (on different steps), a gradient
+    whose square overflows (v infinite, m finite) in block 1, +inf then -inf in block 2, a
+    block of NaN only in block 3."""
+    grads[1][0] = np.nan
+    grads[1][512 + 5] = np.inf
+    grads[2][255] = np.nan
+    grads[2][256 + 10] = 1e25
+    grads[2][600] = -np.inf
+    grads[2][768:] = np.nan
+
+
+def _nonfinite_32bit(grads):
+    """Under min_8bit_size (float32 moments): NaN, +inf, an overflowing square, -inf."""
+    grads[1][0] = np.nan
+    grads[1][5] = np.inf
+    grads[2][10] = 1e25
+    grads[2][11] = -np.inf
+    grads[2][299] = np.nan
+
+
+_NONFINITE = {
+    "adam8bit_nonfinite_f32": _nonfinite_8bit, "lion8bit_nonfinite_f32": _nonfinite_8bit,
+    "adam8bit_nonfinite_small_f32": _nonfinite_32bit,
+    "lion8bit_nonfinite_small_f32": _nonfinite_32bit,
+}
 
 
 def _inputs(n, steps, seed):
@@ -52,7 +86,12 @@ def _inputs(n, steps, seed):
     return p0, grads
 
 
-def main():
+def main(argv=None):
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=None, help="record only cases whose id contains this")
+    only = ap.parse_args(argv).only
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import bitsandbytes as bnb
     import torch
@@ -60,7 +99,11 @@ def main():
     torch.set_num_threads(1)
     os.makedirs(OUT, exist_ok=True)
     for case_id, cls_name, kw, n, steps, seed in CASES:
+        if only is not None and only not in case_id:
+            continue
         p0, grads = _inputs(n, steps, seed)
+        if case_id in _NONFINITE:
+            _NONFINITE[case_id](grads)
         p = torch.nn.Parameter(torch.from_numpy(p0.copy()))
         opt = getattr(bnb.optim, cls_name)([p], **kw)
         out = {"param0": p0}

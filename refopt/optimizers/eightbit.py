@@ -303,7 +303,10 @@ _ADAM_DOC = r"""{title}
     float32 moments under ``min_8bit_size``; ``m_absmax``, ``v_absmax`` (``absmax1``,
     ``absmax2``): float32 ``(ceil(n / 256),)``, or ``(0,)`` under ``min_8bit_size``.
     :meth:`dequantized_slot` gives the float32 moments. State: 2 bytes per element plus
-    8 per block of 256 (about 2.03), against 8 for ``Adam``.
+    8 per block of 256 (about 2.03), against 8 for ``Adam``. Non-finite values as
+    bitsandbytes: a NaN moment never sets its block's maximum and is stored as byte 0 (it
+    does not spread to the block); an infinite one makes the maximum ``inf``
+    (:mod:`refopt.reference.eightbit` gives the rules).
 
     Conventions: ``"torch"`` only (or a Convention derived from it), whose knobs act as in
     ``torch.optim``: ``sqrt="mkl"`` takes MKL's vector square root as torch's CPU
@@ -373,7 +376,8 @@ class Lion8bit(_EightBit):
 
     (the sign's argument: two rounded products added on the 8-bit path, one fma on the
     32-bit path; :func:`refopt.reference.eightbit.lion8bit_update`), then ``m`` is
-    quantized on the 8-bit path.
+    quantized on the 8-bit path. The sign is torch's, 0 for NaN: a weight whose argument is
+    NaN keeps its (decayed) value, on both paths.
 
     Parameters
     ----------

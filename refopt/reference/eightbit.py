@@ -24,6 +24,27 @@ the grid point ``-1 + 2j/65535``, i.e. the code nearest to the grid point neares
 (bitsandbytes' CPU lookup table of 65536 bins, not the code nearest to ``u_i`` itself). A block
 whose maximum is 0 stores byte 0. Dequantization is ``code[q_i] * a_b`` in float32.
 
+Non-finite values follow bitsandbytes' C loop (``csrc/cpu_ops.cpp``, ``quantize_cpu_impl``),
+measured on bitsandbytes 0.50.2 (golden cases ``*_nonfinite`` in ``conformance/bnb/``):
+
+- the block maximum is ``std::max(acc, |x_i|)`` from ``acc = 0``; a comparison with NaN is
+  false, so NaN elements are skipped wherever they sit (:func:`numpy.fmax`, not
+  :func:`numpy.max`): a block of NaN only has maximum 0 and stores byte 0; an infinite element
+  makes the maximum ``inf``;
+- an element whose scaled value ``u_i`` is NaN (``x_i`` NaN; ``x_i`` infinite, as ``1/inf = 0``
+  and ``inf * 0``; ``x_i = 0`` with a maximum so small that ``1/a_b`` overflows) stores byte 0:
+  C's float-to-``uint16`` cast of NaN gives lookup index 0, and ``lut[0] = 0``. Byte 0 is
+  ``code[0]``: about ``-0.993`` in the signed map, 0 in the unsigned one;
+- with an infinite maximum every finite element scales to 0, which is grid point 32768 (the
+  code nearest ``+1.5e-5``: the grid has no point at 0), and dequantization gives ``code * inf``:
+  ``+-inf``, or NaN for byte 0 of the unsigned map. So a block of ``m`` (signed map) that holds
+  an infinity stays at ``+-inf`` from then on; a block of ``v`` goes ``inf`` (finite elements),
+  then all ``inf``, stored as byte 0 with maximum ``inf``, dequantized to NaN, stored with
+  maximum 0, and restarts from 0, its weights NaN by then. A NaN element alone does not
+  spread: its neighbours keep their maximum, and it comes back as ``code[0] * a_b`` (in Lion
+  a large negative moment: the weight usually moves by ``+lr`` the next step; in Adam the
+  weight is already NaN).
+
 The step's float32 arithmetic follows bitsandbytes' CPU kernels
 (``bitsandbytes/backends/cpu/ops.py``), which are torch tensor operations: ``add_`` with
 ``alpha`` and ``addcmul_`` round as one fused multiply-add on torch's vectorised CPU path
@@ -160,6 +181,12 @@ def quantize_blockwise(x, code, block_size=BLOCK_SIZE):
         ``x`` not float32.
     ValueError
         ``code`` not 256 values, ``block_size`` < 1.
+
+    Notes
+    -----
+    NaN elements never set a block's maximum; an element whose scaled value is NaN (NaN, an
+    infinity scaled by ``1/inf``, 0 scaled by an overflowing ``1/a_b``) stores byte 0; see the
+    module docstring.
     """
     x = np.asarray(x)
     if x.dtype != _F32:
@@ -174,16 +201,20 @@ def quantize_blockwise(x, code, block_size=BLOCK_SIZE):
     nb = _blocks(n, block_size)
     pad = nb * block_size - n
     blocks = np.concatenate([flat, np.zeros(pad, _F32)]).reshape(nb, block_size)
-    absmax = np.abs(blocks).max(axis=1).astype(_F32) if n else np.zeros(0, _F32)
-    with np.errstate(all="ignore"):  # all-zero blocks: replaced by byte 0 below
-        inv = (_F32(1) / absmax).astype(_F32)
+    # std::max(acc, |x|) from acc = 0: a NaN never wins a comparison, so it is skipped (an
+    # all-NaN block has maximum 0); an infinity is the maximum
+    absmax = np.fmax.reduce(np.abs(blocks), axis=1, initial=_F32(0)).astype(_F32)
+    with np.errstate(all="ignore"):  # blocks of maximum 0 are replaced by byte 0 below
+        inv = (_F32(1) / absmax).astype(_F32)  # 0 for an infinite maximum
         u = np.clip((blocks * inv[:, None]).astype(_F32), _F32(-1), _F32(1))
-        u[absmax == 0] = 0
+        nan = np.isnan(u)  # x NaN, or inf * 0 (infinite maximum), or 0 * inf (tiny maximum)
+        u[nan] = 0  # placeholder: these take byte 0 below
         half = ((u + _F32(1)) * _F32(0.5)).astype(_F32)  # exact: a power-of-two scaling
         # the multiply-add rounds once (bitsandbytes' C compiles it as an FMA)
         j = fma(half, _F32(_LUT_BINS - 1), _F32(0.5)).astype(np.int64)
     j = np.clip(j, 0, _LUT_BINS - 1)
     q = _cached_lut(code)[j]
+    q[nan] = 0  # C's uint16 cast of NaN is index 0 (x86's 0x80000000 truncated): lut[0] = 0
     q[absmax == 0] = 0
     return q.reshape(-1)[:n].reshape(x.shape), absmax
 
@@ -206,7 +237,8 @@ def dequantize_blockwise(codes, absmax, code, block_size=BLOCK_SIZE):
     codes = np.asarray(codes)
     flat = codes.reshape(-1)
     block = np.arange(flat.size) // block_size
-    out = (np.asarray(code, _F32)[flat] * np.asarray(absmax, _F32)[block]).astype(_F32)
+    with np.errstate(invalid="ignore"):  # 0 * inf is NaN, as in bitsandbytes
+        out = (np.asarray(code, _F32)[flat] * np.asarray(absmax, _F32)[block]).astype(_F32)
     return out.reshape(codes.shape)
 
 
@@ -286,6 +318,12 @@ def _check_state(param, state, two, block_size):
                     f"`state.{name}` must be a float32 vector of the {nb} block maxima of "
                     f"blocks of block_size={block_size!r} (the state's blocks). Received: "
                     f"{None if a is None else (np.asarray(a).dtype, np.asarray(a).shape)}")
+
+
+def _torch_sign(x):
+    """torch's ``sign``: ``(x > 0) - (x < 0)`` in float32, so NaN (and -0) give +0 (NumPy's
+    ``sign`` gives NaN and -0)."""
+    return ((x > 0).astype(_F32) - (x < 0).astype(_F32)).astype(_F32)
 
 
 def adam8bit_update(param, grad, state, step, learning_rate=1e-3, beta_1=0.9, beta_2=0.999,
@@ -395,7 +433,9 @@ def lion8bit_update(param, grad, state, step, learning_rate=1e-4, beta_1=0.9, be
         \text{(8-bit: two products rounded, then added; 32-bit: one fma)} \\
         w &\leftarrow w - \eta u, \qquad m \leftarrow \mathrm{fma}(1-\beta_2,\ g,\ m\beta_2)
 
-    then ``m`` is quantized with the signed map on the 8-bit path.
+    then ``m`` is quantized with the signed map on the 8-bit path. The sign is torch's,
+    ``(x > 0) - (x < 0)``: 0 for NaN, so a weight whose ``m\beta_1 + g(1-\beta_1)`` is NaN
+    keeps its value (NumPy's ``sign`` would give NaN).
 
     Parameters
     ----------
@@ -438,7 +478,7 @@ def lion8bit_update(param, grad, state, step, learning_rate=1e-4, beta_1=0.9, be
             d = (mb + (grad * _F32(1.0 - b1)).astype(_F32)).astype(_F32)
         else:
             d = fma(_F32(1.0 - b1), grad, mb).astype(_F32)
-        w = fma(_F32(-lr), np.sign(d).astype(_F32), w).astype(_F32)
+        w = fma(_F32(-lr), _torch_sign(d), w).astype(_F32)
         m = fma(_F32(1.0 - b2), grad, (m * _F32(b2)).astype(_F32)).astype(_F32)
         if eight:
             s1, a1 = quantize_blockwise(m, q1, block_size)
