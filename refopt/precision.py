@@ -33,7 +33,9 @@ with the bits of :func:`round_to`; :mod:`refopt.kernels.cpu.halfbits`,
 for it, and the numbers are the same on every backend. bfloat16 computed in its dtype is
 taken where it is reproduced op by op (:mod:`refopt.reference.bf16`, run by the staged step
 on every backend: torch's for-loop Adam, AdamW, SGD, Adagrad and RMSprop; Adam and SGD of
-tf_keras, Keras 3 and optax; golden cases ``*_bf16``) and refused elsewhere
+tf_keras, Keras 3 and optax; their other optimizers through the generic reference
+functions on bfloat16, :mod:`refopt.reference.bf16_generic`; golden cases ``*_bf16``) and
+refused elsewhere
 (:func:`check_supported`); :class:`refopt.MasterWeights` takes it under any convention
 (float32 masters). float16 computed in its dtype by torch's for-loop Adam, AdamW, SGD,
 Adagrad and RMSprop takes the same op model (:func:`refopt.reference.bf16.takes`: dense
@@ -141,8 +143,10 @@ def check_supported(opt, variables, what="var_list"):
     bfloat16 is taken where the step is computed in float32 (:func:`compute_dtype`:
     PyTorch's fused kernels), and computed in its own dtype where
     :func:`refopt.reference.bf16.supported` reproduces it (torch's for-loop Adam, AdamW,
-    SGD, Adagrad, RMSprop; Adam and SGD of tf_keras, Keras 3 and optax; no clipping, EMA or
-    sparse gradient); elsewhere it is refused.
+    SGD, Adagrad, RMSprop; Adam and SGD of tf_keras, Keras 3 and optax, and their other
+    optimizers listed in :data:`refopt.reference.bf16_generic.EXACT`; tf_keras and Keras 3
+    with EMA and ``clipvalue``; no norm clipping or sparse gradient); elsewhere it is
+    refused.
 
     Raises
     ------
@@ -164,9 +168,11 @@ def check_supported(opt, variables, what="var_list"):
                 f"`{what}[{i}]` has dtype bfloat16, which {type(opt).__name__} under "
                 f"convention={conv.name!r} computes in the variable's dtype "
                 f"(low_precision_compute={conv.low_precision_compute!r}), not modelled for "
-                f"bfloat16 ({why}; reproduced: torch's for-loop Adam, AdamW, SGD, Adagrad "
-                "and RMSprop under convention='torch', Adam and SGD under 'tf_keras', "
-                "'keras3' and the optax presets without weight decay; no clipping or EMA). "
+                f"bfloat16 ({why}; reproduced: torch's for-loop Adam, AdamW, SGD, Adagrad, "
+                "RMSprop, Adamax, NAdam, RAdam, Adadelta, ASGD and Rprop under "
+                "convention='torch'; Adam, AdamW, SGD, RMSprop, Adagrad, "
+                "Adadelta, Adamax, Nadam and Lion under 'tf_keras', 'keras3' (with EMA and "
+                "clipvalue) and the optax presets; no norm clipping). "
                 "Use low_precision_compute='float32' (PyTorch's fused kernels), "
                 "refopt.MasterWeights (float32 masters), or float16/float32 variables. "
                 f"Received: {what}[{i}] with shape={v.shape}, dtype=bfloat16"

@@ -11,6 +11,7 @@ import doctest
 
 import numpy as np
 import pytest
+from lowp_cases import replayed_by_functions
 
 import refopt
 import refopt.optimizers.adagrad as adagrad_class_module
@@ -343,7 +344,7 @@ def test_docstring_examples_run():
 # bfloat16 cases: torch's for-loop op by op (refopt.reference.bf16), replayed through the
 # optimizer by tests/test_conformance.py; adagrad_update takes float16/32/64
 _ENTRIES = [e for e in load_manifest() if e["optimizer"] == "Adagrad"
-            and e["dtype"] != "bfloat16"]
+            and replayed_by_functions(e)]
 
 
 def replay_max_ulp(entry):

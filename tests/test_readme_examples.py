@@ -127,7 +127,8 @@ def test_eightbit_class_example(tmp_path, monkeypatch):
 
 def test_bf16_in_dtype_example(tmp_path, monkeypatch):
     out = _run(_block("torch.optim.Adam's for-loop"), tmp_path, monkeypatch)
-    assert out.strip() == "[16251, 48888, 15984]"  # torch 2.13's bits
+    assert out.split("\n")[:2] == ["[16251, 48888, 15984]",
+                                   "[16251, 48866, 15605]"]  # torch 2.13's bits
 
 
 def test_cuda_bf16_example(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from lowp_cases import replayed_by_functions
 
 import refopt.reference.rmsprop as rmsprop_module
 from refopt import IndexedSlices
@@ -339,7 +340,7 @@ def _rmsprop_entries():
     # bfloat16 cases: torch's for-loop op by op (refopt.reference.bf16), replayed through
     # the optimizer by tests/test_conformance.py; rmsprop_update takes float16/32/64
     return [e for e in load_manifest() if e["optimizer"] == "RMSprop"
-            and e["dtype"] != "bfloat16"]
+            and replayed_by_functions(e)]
 
 
 _ENTRIES = _rmsprop_entries()

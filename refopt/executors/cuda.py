@@ -903,7 +903,8 @@ class CudaExecutor(Executor):
         return _check_pairs(grads_and_vars)
 
     def allocate(self, opt, var_list):
-        return CudaState(var_list, opt._slot_names(), opt.use_ema, opt._slot_initial_value,
+        return CudaState(var_list, opt._slot_names(), opt.use_ema,
+                         lambda name, dt: _precision.slot_initial_value(opt, name, dt),  # bf16
                          average_zero=opt.convention.ema == "keras3", slot_shape=opt.slot_shape,
                          slot_dtype=opt.slot_dtype)
 

@@ -27,6 +27,7 @@ import numpy as np
 from refopt import precision as _precision
 from refopt.indexed_slices import IndexedSlices
 from refopt.reference import bf16 as _loop_bf16
+from refopt.reference import bf16_generic as _bf16_generic
 from refopt.reference import variants as _variants
 
 __all__ = ["compute", "commit", "clip", "decay", "average"]
@@ -123,7 +124,8 @@ def compute(opt, present, lr_value, dedup=None):
     grads = [g for g, _ in present]
     variables = [v for _, v in present]
     conv = opt.convention
-    grads = clip(opt, grads)
+    with _bf16_generic.reference_context(opt, variables):  # bfloat16 in its dtype: no-op else
+        grads = clip(opt, grads)
     # the Keras 3 bug and the optimizers that apply each occurrence in turn (FBGEMM's
     # approximate row-wise Adagrad: RowWiseAdagrad(exact=False)) need the raw duplicates
     keeps = getattr(opt, "_keeps_duplicates", None)
@@ -161,10 +163,12 @@ def compute(opt, present, lr_value, dedup=None):
         if _loop_bf16.takes(opt, var.dtype, sparse=rows is not None or isinstance(
                 grad, IndexedSlices)):  # bfloat16/float16 op by op: refopt.reference.bf16
             new_param, new_slots = _loop_bf16.update(opt, param, grad, slots, lr_value, step,
-                                                     decays, sparse=rows is not None)
+                                                     decays, sparse=rows is not None,
+                                                     decay=decay)
             avg = None
-            if opt.use_ema:  # float16 only (dense, rows None); bfloat16 refuses the EMA
-                avg = average(opt, i, new_param)
+            if opt.use_ema:  # dense (rows None); bfloat16: tf_keras/Keras 3 only
+                with _bf16_generic.reference_context(opt, [var]):
+                    avg = average(opt, i, new_param)
                 if overwrite:
                     new_param = avg
             out[id(var)] = (new_param, new_slots, avg, rows)
@@ -217,7 +221,8 @@ def compute(opt, present, lr_value, dedup=None):
         for i, var in enumerate(opt._vars):
             if id(var) in out:
                 continue
-            avg = average(opt, i, var)
+            with _bf16_generic.reference_context(opt, [var]):
+                avg = average(opt, i, var)
             out[id(var)] = (avg if overwrite else var, {}, avg, None)
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import math
 import numbers
 
@@ -10,6 +11,10 @@ import numpy as np
 from refopt.indexed_slices import IndexedSlices
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+#: dtypes :func:`as_float_array` takes beyond :data:`FLOAT_DTYPES` while a step computes
+#: bfloat16 in its dtype (:func:`refopt.reference.bf16_generic.computing_in`); empty otherwise.
+_EXTRA_DTYPES = contextvars.ContextVar("refopt_extra_float_dtypes", default=())
 
 
 def as_float_array(name, a):
@@ -22,7 +27,7 @@ def as_float_array(name, a):
         raise TypeError(
             f"`{name}` must be a numpy.ndarray. Received: {name} of type {type(a).__name__}"
         )
-    if a.dtype not in FLOAT_DTYPES:
+    if a.dtype not in FLOAT_DTYPES and a.dtype not in _EXTRA_DTYPES.get():
         raise TypeError(
             f"`{name}` must have dtype float16, float32 or float64. "
             f"Received: {name} with dtype={a.dtype}"

@@ -51,8 +51,12 @@ shows where bfloat16's does not: ``eps=1e-8`` rounds to 0 in ``a.add_(eps)``, so
 that underflows to 0 gives torch's ``m / 0`` (an infinity, or NaN for ``m = 0``), which
 this model gives too (golden cases ``torch/*_loop_f16``, ``torch/adagrad_f16``,
 ``torch/sgd_momentum_f16``). ``AveragedModel``'s exponential average of float16 parameters
-is the op ``lerp`` too (:func:`ema_torch`, ``torch/sgd_ema_loop_f16``). Not taken: sparse
-gradients, which keep NumPy's float16 arithmetic (:func:`takes`).
+is the op ``lerp`` too (:func:`ema_torch`, ``torch/sgd_ema_loop_f16``). torch's other
+for-loop optimizers (``Adamax``, ``NAdam``, ``RAdam``, ``Adadelta``, ``ASGD``, ``Rprop``) on
+bfloat16 and float16, and the sparse gradients of float16 tables of ``SparseAdam`` and
+``Adagrad``, are :mod:`refopt.reference.bf16_torch_more` (golden cases ``torch/*_loopx_*``,
+``torch/*_sparsex_f16``); other sparse float16 steps keep NumPy's float16 arithmetic
+(:func:`takes`; torch's sparse ``SGD`` without momentum is bit for bit so).
 
 tf_keras and Keras 3
 --------------------
@@ -76,6 +80,11 @@ bias corrections, unlike float32), under each of refopt's three jit modes (``"op
 :func:`optax_adam` and :func:`optax_sgd` are optax's formulas on bfloat16 arrays, Python
 floats converted straight to bfloat16, the bias corrections ``1 - b**count`` in float32
 (``powf``) and then cast.
+
+The TF family's and optax's other optimizers (RMSprop, Adagrad, Adadelta, Adamax, Nadam,
+Lion, AdamW; with EMA and ``clipvalue`` under tf_keras and Keras 3) run their generic
+reference functions on bfloat16: :mod:`refopt.reference.bf16_generic` (``_kind``
+"generic").
 """
 
 from __future__ import annotations
@@ -85,6 +94,7 @@ import numpy as np
 from refopt import _libm
 from refopt import precision as _precision
 from refopt.indexed_slices import IndexedSlices
+from refopt.reference import bf16_generic as _generic
 from refopt.reference._common import lr_cast, scalar, tf_cast
 
 __all__ = ["TAIL_LANES", "TAIL_LANES_F16", "ema_torch", "keras_adam", "keras_sgd",
@@ -321,47 +331,54 @@ def optax_sgd(param, grad, m, *, learning_rate, momentum, nesterov):
 
 
 # ------------------------------------------------------------------------ the dispatch
+def optimizer_class_name(opt):
+    """The name of ``opt``'s class when it is one of refopt's own optimizer classes (not a
+    subclass elsewhere, which may rewrite the update), else None. By name and module, so
+    this layer imports no optimizer (``tests/test_layers.py``)."""
+    t = type(opt)
+    return t.__name__ if t.__module__.startswith("refopt.optimizers.") else None
+
+
 def _kind(opt):
     """Which update of this module ``opt`` runs under its convention (torch's "adam",
     "sgd", "adagrad", "rmsprop"; "keras_adam", "keras_sgd", "optax_adam", "optax_sgd"), or
     None where this module does not reproduce it (a convention other than an unchanged
     preset, another optimizer or option)."""
     from refopt.conventions import PRESETS
-    from refopt.optimizers.adagrad import Adagrad
-    from refopt.optimizers.adam import Adam, AdamW
-    from refopt.optimizers.rmsprop import RMSprop
-    from refopt.optimizers.sgd import SGD
     from refopt.reference.variants import is_tf_keras_adam
 
     conv = opt.convention
-    cls = type(opt)
+    cls = optimizer_class_name(opt)
     if PRESETS.get(conv.name) != conv:
         return None
     if conv.name in ("tf_keras", "keras3"):
-        if cls is Adam and is_tf_keras_adam(conv) and not opt._uses_update_step() and not (
+        if cls == "Adam" and is_tf_keras_adam(conv) and not opt._uses_update_step() and not (
                 opt.nesterov):
             return "keras_adam"
-        if cls is SGD and conv.sgd_momentum == "keras":
+        if cls == "SGD" and conv.sgd_momentum == "keras":
             return "keras_sgd"
-        return None
+        return _generic.kind(opt)  # the other optimizers: refopt.reference.bf16_generic
     if conv.name in ("optax", "optax_eager", "optax_jit_step"):
-        if cls is Adam and not opt.amsgrad and not opt.nesterov and (
+        if cls == "Adam" and not opt.amsgrad and not opt.nesterov and (
                 not opt._uses_update_step()):
             return "optax_adam"
-        if cls is SGD and conv.sgd_momentum == "optax":
+        if cls == "SGD" and conv.sgd_momentum == "optax":
             return "optax_sgd"
-        return None
-    if cls in (Adam, AdamW):
+        return _generic.kind(opt)  # the other optimizers: refopt.reference.bf16_generic
+    if cls in ("Adam", "AdamW"):
         if conv.moment_update != "torch_loop" or opt.nesterov or opt._uses_update_step():
             return None
         return "adam"
-    if cls is SGD and conv.sgd_momentum == "torch":
+    if cls == "SGD" and conv.sgd_momentum == "torch":
         return "sgd"
-    if cls is Adagrad and conv.adagrad_form == "torch" and conv.sqrt == "mkl":
+    if cls == "Adagrad" and conv.adagrad_form == "torch" and conv.sqrt == "mkl":
         return "adagrad"
-    if cls is RMSprop and conv.rmsprop_form == "torch":
+    if cls == "RMSprop" and conv.rmsprop_form == "torch":
         return "rmsprop"
-    return None
+    # Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop: refopt.reference.bf16_torch_more
+    from refopt.reference import bf16_torch_more
+
+    return bf16_torch_more.kind(opt)
 
 
 def supported(opt):
@@ -372,13 +389,18 @@ def supported(opt):
     weight decay; optax: no AMSGrad or Nesterov Adam); without clipping or EMA (not
     recorded on bfloat16)."""
     if _kind(opt) is None:
-        return "its step on bfloat16 is not reproduced"
-    if opt.use_ema:
+        return _generic.refusal(opt) or "its step on bfloat16 is not reproduced"
+    tf_family = _generic.family(opt) == "tf"  # EMA and clipvalue: bf16_generic.supported
+    if opt.use_ema and not tf_family:
         return "the EMA of bfloat16 variables is not reproduced"
-    if any(c is not None for c in (opt.clipnorm, opt.global_clipnorm, opt.clipvalue)):
+    if any(c is not None for c in (opt.clipnorm, opt.global_clipnorm)) or (
+            opt.clipvalue is not None and not tf_family):
         return "gradient clipping of bfloat16 gradients is not reproduced"
     kind = _kind(opt)
-    torch_kind = kind in ("adam", "sgd", "adagrad", "rmsprop")
+    if kind == "generic":
+        return _generic.supported(opt)
+    torch_kind = kind in ("adam", "sgd", "adagrad", "rmsprop", "adamax", "nadam", "radam",
+                          "adadelta", "asgd", "rprop")
     if opt._weight_decay_acts() and (not torch_kind or opt._decay_mode() not in (
             "l2", "torch")):
         return f"weight decay ({opt._decay_mode()!r}) of bfloat16 variables is not reproduced"
@@ -396,11 +418,21 @@ def takes(opt, dtype, sparse=False):
     each torch op computed in float32 and rounded once to float16, bit for bit torch 2.13's
     (golden cases ``torch/*_f16`` of the for-loop). Clipping runs before, on the float16
     gradients, as elsewhere (``clip_grad_norm_``: ``torch/adam_clip_loop_f16``), and the EMA
-    after (:func:`takes_average`). Every other float16 step keeps NumPy's float16
+    after (:func:`takes_average`). Likewise ``Adamax``, ``NAdam``, ``RAdam``, ``Adadelta``,
+    ``ASGD``, ``Rprop`` (:mod:`refopt.reference.bf16_torch_more`), and the gathered rows of
+    a sparse gradient of ``SparseAdam``/``Adagrad`` without weight decay or EMA
+    (``sparse`` True: :func:`refopt.reference.bf16_torch_more.takes_sparse_f16`). Every
+    other float16 step keeps NumPy's float16
     arithmetic (every op rounded).
     """
     if dtype == _F16:
-        if sparse or _kind(opt) not in ("adam", "sgd", "adagrad", "rmsprop"):
+        if sparse:  # torch's SparseAdam, sparse Adagrad: refopt.reference.bf16_torch_more
+            from refopt.reference import bf16_torch_more
+
+            return (_precision.compute_dtype(opt.convention, dtype, opt) is None
+                    and bf16_torch_more.takes_sparse_f16(opt))
+        if _kind(opt) not in ("adam", "sgd", "adagrad", "rmsprop", "adamax", "nadam",
+                                        "radam", "adadelta", "asgd", "rprop"):
             return False
         if _precision.compute_dtype(opt.convention, dtype, opt) is not None:
             return False
@@ -432,7 +464,7 @@ def ema_torch(average, param, ema_momentum, *, first_step):
         return lerp(average, param, 1 - float(ema_momentum))
 
 
-def update(opt, param, grad, slots, learning_rate, step, decays, sparse=False):
+def update(opt, param, grad, slots, learning_rate, step, decays, sparse=False, decay=None):
     """One step of ``opt`` on one bfloat16 (or float16: :func:`takes`) variable, torch's
     for-loop op by op (or Keras' / optax's ops on bfloat16).
 
@@ -453,6 +485,10 @@ def update(opt, param, grad, slots, learning_rate, step, decays, sparse=False):
         Whether weight decay applies to this variable.
     sparse : bool, default False
         Whether the executor gathered the rows of a sparse gradient (refused).
+    decay : callable, optional
+        The pipeline's decoupled weight decay ``decay(opt, param, learning_rate)``, which the
+        TF family's and optax's other optimizers take (:mod:`refopt.reference.bf16_generic`;
+        given by the staged step, as this layer imports no executor).
 
     Returns
     -------
@@ -465,6 +501,11 @@ def update(opt, param, grad, slots, learning_rate, step, decays, sparse=False):
         ``grad`` is an IndexedSlices (torch's sparse paths on bfloat16 are not reproduced);
         nothing has changed.
     """
+    if sparse and param.dtype == _F16 and not isinstance(grad, IndexedSlices):
+        # the gathered rows of a float16 table (SparseAdam, Adagrad): bf16_torch_more
+        from refopt.reference import bf16_torch_more
+
+        return bf16_torch_more.update_sparse_f16(opt, param, grad, slots, learning_rate, step)
     if sparse or isinstance(grad, IndexedSlices):
         raise TypeError(
             f"{type(opt).__name__} under convention={opt.convention.name!r}: a sparse "
@@ -473,6 +514,15 @@ def update(opt, param, grad, slots, learning_rate, step, decays, sparse=False):
             "pass grad.to_dense()"
         )
     kind = _kind(opt)
+    if kind == "generic":
+        return _generic.update(opt, param, grad, slots, learning_rate, step, decays,
+                               decay=decay)
+    if kind in ("adamax", "nadam", "radam", "adadelta", "asgd", "rprop"):
+        # torch's other for-loop optimizers: refopt.reference.bf16_torch_more
+        from refopt.reference import bf16_torch_more
+
+        return bf16_torch_more.update(opt, kind, param, grad, slots, learning_rate, step,
+                                      decays)
     wd = opt.weight_decay if decays else None
     with np.errstate(all="ignore"):
         if kind == "keras_adam":

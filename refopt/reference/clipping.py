@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from refopt.indexed_slices import IndexedSlices
-from refopt.reference._common import FLOAT_DTYPES, check_scalar, scalar
+from refopt.reference._common import _EXTRA_DTYPES, FLOAT_DTYPES, check_scalar, scalar
 
 __all__ = ["clip_by_value", "clip_by_norm", "global_norm", "clip_by_global_norm"]
 
@@ -18,7 +18,8 @@ __all__ = ["clip_by_value", "clip_by_norm", "global_norm", "clip_by_global_norm"
 def _values(name, grad):
     if isinstance(grad, IndexedSlices):
         return grad.values
-    if isinstance(grad, np.ndarray) and grad.dtype in FLOAT_DTYPES:
+    if isinstance(grad, np.ndarray) and (grad.dtype in FLOAT_DTYPES
+                                         or grad.dtype in _EXTRA_DTYPES.get()):  # bf16 step
         return np.asarray(grad)  # a plain ndarray view (np.matrix would make * a matmul)
     raise TypeError(
         f"`{name}` must be a float16/32/64 numpy.ndarray or an IndexedSlices. "

@@ -49,6 +49,7 @@ from refopt import _libm
 from refopt.conventions import Convention, get_convention
 from refopt.indexed_slices import IndexedSlices
 from refopt.reference._common import (
+    _EXTRA_DTYPES,
     as_float_array,
     check_grad,
     check_hyper,
@@ -253,7 +254,7 @@ def momentum_product(step, *, beta_1=0.9, convention=None, dtype=np.float32,
                 f"Received: momentum_decay={momentum_decay!r} with nadam_form={form!r}")
         psi = None
         dtype = np.dtype(dtype)
-        if dtype not in (_F16, _F32, _F64):
+        if dtype not in (_F16, _F32, _F64) and dtype not in _EXTRA_DTYPES.get():  # bf16 step
             raise TypeError(
                 f"`dtype` must be float16, float32 or float64. Received: dtype={dtype}")
     key = (form, dtype.str, float(beta_1), psi)
@@ -442,6 +443,8 @@ def _optax(w, g, m, v, lr, b1, b2, eps, t, eps_root=None, weight_decay=None, jit
     b1d, b2d = scalar(dt, b1), scalar(dt, b2)
     c1, c2 = scalar(dt, 1 - b1), scalar(dt, 1 - b2)
     def bc(b, k):  # 1 - b**k: a float32 power (float64 with x64) of the int32 count
+        if dt in _EXTRA_DTYPES.get():  # bfloat16 (bf16_generic): 1 - b**k in float32, cast
+            return scalar(dt, work.type(1) - _libm.power(work, work.type(b), work.type(k)))
         return one - scalar(dt, _libm.power(work, work.type(b), work.type(k)))
 
     if jit == "eager":  # optax's expressions as written, each jnp operation rounded

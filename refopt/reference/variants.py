@@ -19,7 +19,7 @@ import numpy as np
 
 from refopt import _libm
 from refopt.indexed_slices import IndexedSlices
-from refopt.reference._common import lr_cast, scalar, tf_cast
+from refopt.reference._common import _EXTRA_DTYPES, lr_cast, scalar, tf_cast
 from refopt.reference.sqrt import convention_sqrt
 
 __all__ = [
@@ -225,6 +225,9 @@ def adam_variant(param, grad, m, v, vhat, *, learning_rate, beta_1, beta_2, epsi
         return param_new, m_new, v_new, vhat_new
     bc1 = one - beta_power(dtype, b1, t, conv)
     bc2 = one - beta_power(dtype, b2, t, conv)
+    if dtype in _EXTRA_DTYPES.get():  # bfloat16 (bf16_generic): optax's float32 1 - b**t, cast
+        bc1, bc2 = (scalar(dtype, np.float32(1) - _libm.power(_F32, np.float32(b),
+                                                             np.float32(t))) for b in (b1, b2))
     if conv.optax_jit == "eager":
         return _adam_optax_eager(param, m_new, v_new, vhat, bc1, bc2, lr, eps, conv,
                                  weight_decay, eps_root)

@@ -62,6 +62,12 @@ from refopt.kernels.cpu.sgd import (
     sgd_update,
 )
 from refopt.kernels.cpu.weight_decay import apply_weight_decay
+# torch's sparse momentum buffer: a serial merge of two entry lists, computed on the host
+# (the optimizer takes the staged step; these are the reference's own functions)
+from refopt.reference.sgd_sparse_momentum import (
+    SparseMomentumBuffer,
+    sgd_sparse_torch_momentum_update,
+)
 from refopt.reference.adagrad import AdagradResult, adagrad_initial_state, initial_accumulator
 from refopt.reference.adam import AdamResult, adam_scalars
 from refopt.reference.adamax import AdamaxResult, adamax_initial_state
@@ -133,5 +139,7 @@ __all__ = [
     "rmsprop_update",
     "sgd_sparse_scatter_update",
     "sgd_sparse_torch_update",
+    "sgd_sparse_torch_momentum_update",
+    "SparseMomentumBuffer",
     "sgd_update",
 ]

@@ -3,8 +3,9 @@
 The mirror functions (:func:`rowwise_adagrad_update`, :func:`rowwise_adagrad_rows`,
 :func:`rowwise_adagrad_sequential_update`, ...) are :mod:`refopt.reference.rowwise_adagrad`'s
 own (host arrays in, new host arrays out). ``RowWiseAdagrad(backend="cuda")`` updates its
-device tables in place with the two kernels below, launched by :func:`device_calls` (the
-optimizer's ``_cuda_calls`` hook, which :func:`refopt.executors.cuda._prepare` asks first):
+device tables in place with the two kernels below, launched by the optimizer's
+``_cuda_calls`` hook (:meth:`refopt.RowWiseAdagrad._cuda_calls`, which
+:func:`refopt.executors.cuda._prepare` asks first):
 
 - :func:`exact_rows`: one thread per row, every row of a dense gradient, or the rows of an
   IndexedSlices whose duplicates were summed on the host first
@@ -38,7 +39,7 @@ from refopt.reference.rowwise_adagrad import (
 )
 from refopt.rules import ops
 
-__all__ = ["RowWiseAdagradResult", "device_calls", "exact_rows", "rowwise_adagrad_initial_state",
+__all__ = ["RowWiseAdagradResult", "exact_rows", "rowwise_adagrad_initial_state",
            "rowwise_adagrad_rows", "rowwise_adagrad_sequential_update", "rowwise_adagrad_update",
            "sequential_rows"]
 
@@ -199,116 +200,6 @@ def sequential_rows(table, accumulator, values, order, starts, urows, *, learnin
                   weight_decay_mode)
     blocks, tpb = _grid(n)
     seq[blocks, tpb](table, accumulator, values, order, starts, urows, *sc)
-
-
-def _covered(opt, state, positions):
-    """Whether the device kernels express this step of ``opt`` (else the host step)."""
-    from refopt.executors import plan as _plan
-    from refopt.optimizers.rowwise_adagrad import RowWiseAdagrad
-
-    if type(opt)._update_step is not RowWiseAdagrad._update_step or opt._uses_update_step():
-        return False
-    if opt.use_ema or _plan.clip_kind(opt)[0] is not None:
-        return False
-    if opt.weight_decay_mode not in MODES:
-        return False
-    for i in positions:
-        d = state.views[i]
-        if np.dtype(d.dtype) not in DEVICE_DTYPES or len(d.shape) == 0:
-            return False
-    return True
-
-
-def _validate(opt, forms, lr_value):
-    """Raise what the reference's step would, before anything is launched: the reference's
-    own ``_update_step`` on one-row arrays of each (dtype, form) of the step."""
-    from refopt.executors.cuda import _reference_clone
-    from refopt.indexed_slices import IndexedSlices
-
-    clone = _reference_clone(opt)
-    with np.errstate(all="ignore"):
-        for dt, form in sorted(forms, key=str):
-            z = np.zeros((1, 1), dt)
-            slots = {"accumulator": np.zeros(1, dt)}
-            if form == "rows":  # exact, present rows (duplicates summed)
-                clone._update_step(z, z, slots, lr_value, 1, lazy_rows=True)
-            elif form == "sequential":  # approximate, the occurrences in turn
-                g = IndexedSlices(np.zeros((1, 1), dt), np.zeros(1, np.int64), (1, 1))
-                clone._update_step(z, g, slots, lr_value, 1, lazy_rows=True)
-            else:
-                clone._update_step(z, z, slots, lr_value, 1)
-
-
-def device_calls(opt, state, positions, grads, lr_value):
-    """The device launches of one ``RowWiseAdagrad`` step, or None (then the host step).
-
-    Parameters
-    ----------
-    opt : refopt.RowWiseAdagrad
-    state : refopt.executors.cuda.CudaState
-    positions : list of int
-        The variables of the step (indices into ``state.views``).
-    grads : list of device arrays or IndexedSlices
-        Their gradients (dense ones already copied if they alias the state).
-    lr_value : float
-        The learning rate of this step.
-
-    Returns
-    -------
-    list of (callable, tuple, dict) or None
-        The launches, run by the executor after every check passed (a step that raises
-        changes nothing); None for what the kernels do not cover: clipping, the EMA, float16
-        tables, a 0-d variable, a subclass that rewrites the update.
-
-    Raises
-    ------
-    TypeError, ValueError
-        The reference's errors for the current hyperparameters, before any launch.
-    """
-    from refopt.indexed_slices import IndexedSlices
-    from refopt.kernels.cuda._launch import sorted_rows
-
-    if not _covered(opt, state, positions):
-        return None
-    forms = set()
-    for i, g in zip(positions, grads):
-        dt = np.dtype(state.views[i].dtype)
-        if not isinstance(g, IndexedSlices):
-            forms.add((dt, "dense"))
-        else:
-            forms.add((dt, "rows" if opt.exact else "sequential"))
-    _validate(opt, forms, lr_value)
-    kw = {"learning_rate": lr_value, "epsilon": opt.epsilon,
-          "weight_decay": opt.weight_decay or 0.0, "weight_decay_mode": opt.weight_decay_mode}
-    calls = []
-    for i, g in zip(positions, grads):
-        d = state.views[i]
-        acc = state.slots["accumulator"][i]
-        v = d.shape[0]
-        width = d.size // v if v else 0
-        if d.size == 0:
-            continue  # no row, or rows of no element: nothing changes
-        table = d.reshape(v, width)
-        if not isinstance(g, IndexedSlices):
-            calls.append((exact_rows, (table, g.reshape(v, width), acc, None), kw))
-            continue
-        if g.indices.shape[0] == 0:
-            continue  # an empty gradient changes nothing
-        if opt.exact:
-            with np.errstate(all="ignore"):
-                u = g.deduplicate()  # from zero, in order of appearance
-            n = u.indices.shape[0]
-            vals = cuda.to_device(np.ascontiguousarray(u.values).reshape(n, width))
-            rows = cuda.to_device(np.ascontiguousarray(u.indices, np.int64))
-            calls.append((exact_rows, (table, vals, acc, rows), kw))
-        else:
-            order, starts, urows = sorted_rows(g.indices)
-            n = g.indices.shape[0]
-            vals = cuda.to_device(np.ascontiguousarray(g.values).reshape(n, width))
-            calls.append((sequential_rows, (table, acc, vals, cuda.to_device(order),
-                                            cuda.to_device(starts), cuda.to_device(urows)),
-                          kw))
-    return calls
 
 
 def ptx_audit(cc=(8, 0), dtypes=(np.float32, np.float64)):
