@@ -160,3 +160,15 @@ def test_function_argument_errors():
     with pytest.raises(TypeError, match="`param` must be an ndarray"):
         ref.sgd_sparse_torch_update([[1.0, 1.0]] * 3, g, learning_rate=0.1)
     assert p.tolist() == [[1, 1]] * 3
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_float16_table_rounds_the_product_as_torch(backend):
+    # torch 2.13, SGD(lr=0.1) on a float16 nn.Embedding(sparse=True): c10::Half arithmetic,
+    # w + round(round(-lr) * g), no FMA. Regression (found by a user test): refopt took one
+    # FMA and gave 0x20bd where torch gives 0x20c0.
+    w = np.array([[-0.0757]], np.float16)
+    g = refopt.IndexedSlices(np.array([[-0.8496]], np.float16), [0], (1, 1))
+    refopt.SGD(learning_rate=0.1, convention="torch", backend=backend).apply_gradients(
+        [(g, w)])
+    assert int(w.view(np.uint16)[0, 0]) == 0x20C0

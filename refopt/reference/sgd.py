@@ -123,7 +123,9 @@ def sgd_sparse_torch_update(param, grad, *, learning_rate):
 
     (one rounding, as torch's vectorised ``add_`` of a row; a variable of one dimension,
     whose rows are scalars, takes one rounding too, except for a gradient of a single entry:
-    :math:`w_{r_k} + (-\eta) g_k`, two roundings, as measured on torch 2.13). Rows absent from the gradient do not change; an empty gradient changes
+    :math:`w_{r_k} + (-\eta) g_k`, two roundings, as measured on torch 2.13; float16
+    tables take two roundings on every entry, torch adding them in ``c10::Half``
+    arithmetic). Rows absent from the gradient do not change; an empty gradient changes
     nothing. A row that appears twice therefore differs from the step on the summed
     gradient (which is what ``IndexedSlices.deduplicate`` and the other frameworks give)
     in the last bits.
@@ -175,7 +177,9 @@ def sgd_sparse_torch_update(param, grad, *, learning_rate):
     with np.errstate(all="ignore"):
         for sel in _occurrence_levels(idx):
             rows = idx[sel]  # distinct rows
-            if out.ndim == 1 and n == 1:  # torch's 1-D kernel: one entry, two roundings
+            if (out.ndim == 1 and n == 1) or out.dtype == np.float16:
+                # two roundings: torch's 1-D kernel on one entry, and every float16 entry
+                # (c10::Half arithmetic: w + round(round(-lr) * g), no FMA)
                 out[rows] = out[rows] + neg_lr * vals[sel]
             else:
                 out[rows] = fma(neg_lr, vals[sel], out[rows])
