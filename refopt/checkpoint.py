@@ -37,6 +37,10 @@ An uncompressed ``.npz`` (``numpy.load``) with
   ``gradient_accumulation_steps``, optax's ``MultiSteps``; ``meta`` then has
   ``gradient_accumulation_micro_steps``); a wrapper's own scalars (``LossScaleOptimizer``'s
   ``loss_scale``, ``MultiSteps``' ``multi_steps``) are keys of ``meta``;
+- ``{key}_{i}_{field}``: an optimizer's per-variable state outside its slots
+  (``_PER_VARIABLE_STATE_KEYS``: SGD's ``sparse_momentum``, torch's sparse buffer, fields
+  ``indices`` and ``values``), the meta's ``{key}`` listing each variable's fields (None: no
+  entry);
 - bfloat16 arrays (``ml_dtypes.bfloat16`` variables and slots) are stored as their uint16
   bits, and named in the meta's ``bfloat16_arrays`` (absent when there are none);
 - a :class:`~refopt.MasterWeights` saves its inner optimizer's checkpoint written on the
@@ -317,10 +321,16 @@ def _collect(optimizer, variables, include_variables):
     }
     per_variable = getattr(optimizer, "_PER_VARIABLE_STATE_KEYS", ())
     for key in getattr(optimizer, "_EXTRA_STATE_KEYS", ()):  # a wrapper's own state (JSON)
-        value = sd[key]
-        if key in per_variable and built:  # one entry per variable: the file's order
-            value = [value[pos] for pos in order]
-        meta[key] = _jsonable(value)
+        if key not in per_variable:
+            meta[key] = _jsonable(sd[key])
+            continue
+        # one entry per variable (None or a dict of arrays), in the file's order: the arrays
+        # go to ``{key}_{i}_{field}``, the meta lists each entry's fields
+        entries = [sd[key][pos] for pos in order] if built else []
+        meta[key] = [None if e is None else sorted(e) for e in entries]
+        for i, e in enumerate(entries):
+            for field, value in (e or {}).items():
+                arrays[f"{key}_{i}_{field}"] = np.asarray(value)
     if "gradient_accumulation" in sd:  # gradient_accumulation_steps: Keras 3's raw counter
         meta["gradient_accumulation_micro_steps"] = sd["gradient_accumulation"]["micro_steps"]
     return meta, arrays
@@ -451,6 +461,13 @@ class Restored(NamedTuple):
 
     optimizer: Optimizer
     variables: list
+
+
+def _stored(arrays, key, path):
+    """The array ``key`` of the file, or CheckpointError naming it."""
+    if key not in arrays:
+        raise CheckpointError(f"{path} lacks the array {key!r}.")
+    return arrays[key]
 
 
 def _optimizer_class(name, custom_objects, path):
@@ -713,8 +730,18 @@ def _load(path, optimizer, variables, restore_variables, meta=None, arrays=None)
     state = {"class": meta["class"], "config": meta["config"], "iterations": meta.get("iterations"),
              "learning_rate": lr, "built": bool(meta["built"]), "slot_names": list(names),
              "slots": slots, "variable_steps": steps if isinstance(steps, list) else [steps]}
+    per_variable = getattr(optimizer, "_PER_VARIABLE_STATE_KEYS", ())
     for key in getattr(optimizer, "_EXTRA_STATE_KEYS", ()):  # a wrapper's own state
         state[key] = meta.get(key)
+        if key in per_variable and state[key] is not None:  # entries of arrays, by field
+            fields = state[key]
+            if not isinstance(fields, list) or not all(
+                    f is None or (isinstance(f, list) and all(isinstance(x, str) for x in f))
+                    for f in fields):
+                raise CheckpointError(f"{p} has an invalid {key!r} entry in its metadata.")
+            state[key] = [None if f is None else {
+                x: _stored(arrays, f"{key}_{i}_{x}", p) for x in f}
+                for i, f in enumerate(fields)]
     if "gradient_accumulation_micro_steps" in meta:  # and the accumulators, when built
         state["gradient_accumulation"] = {
             "micro_steps": meta["gradient_accumulation_micro_steps"],

@@ -265,17 +265,18 @@ class SGD(Optimizer):
 
     def state_dict(self):
         """:meth:`Optimizer.state_dict`, plus ``"sparse_momentum"``: one entry per built
-        variable (build order), None or ``{"indices": [int, ...], "values": [str, ...]}``,
-        torch's uncoalesced sparse momentum buffer after the variable's last step (its
-        entries in torch's order; the values flattened, each ``float.hex``)."""
+        variable (build order), None or ``{"indices": ndarray of int64, shape (n,),
+        "values": ndarray of the variable's dtype, shape (n,) + the variable's row shape}``,
+        torch's uncoalesced sparse momentum buffer after the variable's last step (its entries
+        in torch's order; copies)."""
         sd = super().state_dict()
         entries = []
         if self._built:
             for i, k in enumerate(self._var_steps):
                 buf = self._sparse_momentum.get(i, {}).get(k)
                 entries.append(None if buf is None else {
-                    "indices": [int(j) for j in buf.indices],
-                    "values": [float(x).hex() for x in buf.values.reshape(-1)]})
+                    "indices": np.array(buf.indices, np.int64),
+                    "values": np.array(buf.values, copy=True)})
         sd["sparse_momentum"] = entries
         return sd
 
@@ -292,29 +293,36 @@ class SGD(Optimizer):
             raise TypeError("`state_dict['sparse_momentum']` must be a list (one entry per "
                             f"variable). Received: {type(raw).__name__}")
         # shapes only (a variable may be a torch tensor or a device array); the values are
-        # decoded in float64 (exact for every dtype) and cast once the build is known
+        # cast to the variable's dtype once the build is known
         if var_list is not None:
-            specs = [(tuple(v.shape), np.float64) for v in var_list]
+            shapes = [tuple(v.shape) for v in var_list]
         else:
-            specs = [(tuple(sh), np.float64) for sh, _ in self._var_specs]
+            shapes = [tuple(sh) for sh, _ in self._var_specs]
         steps = list(sd.get("variable_steps") or [])
-        if len(raw) != len(specs) or len(steps) != len(specs):
+        if len(raw) != len(shapes) or len(steps) != len(shapes):
             raise ValueError(
                 f"`state_dict['sparse_momentum']` must hold one entry per variable "
-                f"({len(specs)}), with the variables' step counts. Received: {len(raw)} "
+                f"({len(shapes)}), with the variables' step counts. Received: {len(raw)} "
                 f"entries, {len(steps)} step counts")
         out = {}
         for i, entry in enumerate(raw):
             if entry is None:
                 continue
-            shape, dtype = specs[i]
+            shape = shapes[i]
             where = f"`state_dict['sparse_momentum'][{i}]`"
             try:
-                idx = np.array([int(j) for j in entry["indices"]], np.int64)
-                vals = np.array([float.fromhex(x) for x in entry["values"]], dtype)
-            except (TypeError, KeyError, ValueError, OverflowError) as exc:
-                raise ValueError(f"{where} must be a dict of integer 'indices' and hex float "
-                                 f"'values' ({type(exc).__name__}: {exc})") from None
+                idx = np.asarray(entry["indices"])
+                vals = np.asarray(entry["values"])
+            except (TypeError, KeyError, IndexError) as exc:
+                raise ValueError(f"{where} must be a dict of 'indices' and 'values' arrays "
+                                 f"({type(exc).__name__}: {exc})") from None
+            if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+                raise ValueError(f"{where}['indices'] must be a 1-d integer array. Received: "
+                                 f"dtype={idx.dtype}, shape={idx.shape}")
+            if vals.dtype.kind != "f":  # float16/32/64 (sparse bfloat16 is refused)
+                raise ValueError(f"{where}['values'] must be a float array. Received: "
+                                 f"dtype={vals.dtype}")
+            idx = idx.astype(np.int64)
             width = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
             if not shape or vals.size != idx.size * width or (
                     idx.size and (idx.min() < 0 or idx.max() >= shape[0])):
@@ -336,13 +344,15 @@ class SGD(Optimizer):
             if e is None:
                 packed.append(np.zeros(1, np.float64))
                 continue
-            vals = np.array([float.fromhex(x) for x in e["values"]], np.float64)
-            packed.append(np.concatenate(([1.0], np.asarray(e["indices"], np.float64), vals)))
+            packed.append(np.concatenate((
+                [1.0], np.asarray(e["indices"], np.float64),
+                np.asarray(e["values"]).astype(np.float64).reshape(-1))))
         return {"sparse_momentum": packed}
 
     def _extra_state_from_arrays(self, key, arrays):
-        """The inverse of :meth:`_extra_state_arrays` (state_dict's entries; checked by
-        :meth:`load_state_dict`)."""
+        """The inverse of :meth:`_extra_state_arrays` (state_dict's entries, float64 values;
+        checked by :meth:`load_state_dict`, which casts them exactly to the variable's
+        dtype)."""
         entries = []
         for i, a in enumerate(arrays):
             a = np.asarray(a, np.float64).reshape(-1)
@@ -352,8 +362,7 @@ class SGD(Optimizer):
             shape = tuple(self._var_specs[i][0]) if i < len(self._var_specs) else (0,)
             width = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
             n = (a.size - 1) // (1 + width)
-            entries.append({"indices": [int(j) for j in a[1:1 + n]],
-                            "values": [float(x).hex() for x in a[1 + n:]]})
+            entries.append({"indices": a[1:1 + n].astype(np.int64), "values": a[1 + n:]})
         return entries
 
     def load_state_dict(self, state_dict, var_list=None):
