@@ -164,8 +164,10 @@ class SGD(Optimizer):
         self._sparse_momentum = {}
 
     def _grads_checked_against_state(self):
-        """True while a variable holds torch's sparse momentum buffer."""
-        return bool(self._sparse_momentum)
+        """True while a variable holds torch's sparse momentum buffer (its entry for the
+        variable's current step: a later dense step leaves the quick path open again)."""
+        return any(per.get(self._var_steps[i]) is not None
+                   for i, per in self._sparse_momentum.items())
 
     def _check_grads_against_state(self, pairs):
         """A dense gradient for a variable whose momentum buffer is torch's sparse one raises
