@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["mkl_available", "mkl_sqrt"]
+__all__ = ["mkl_address", "mkl_available", "mkl_sqrt"]
 
 # VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE: the mode torch passes (aten/src/ATen/cpu/vml.h)
 _MODE = 0x2 | 0x140000 | 0x100
@@ -63,6 +63,18 @@ def _load():
 def mkl_available():
     """bool: whether MKL's vector ``sqrt`` was found (torch or the ``mkl`` wheel installed)."""
     return bool(_load())
+
+
+def mkl_address(dtype):
+    """(address, mode): the integer address of ``vmsSqrt`` (float32) or ``vmdSqrt``
+    (float64) and the mode torch passes, for compiled code that calls it
+    (:func:`refopt.kernels.cpu._kernels._vector_root`); None when MKL was not found or for
+    another dtype."""
+    funcs = _load()
+    f = funcs.get(np.dtype(dtype)) if funcs else None
+    if f is None:
+        return None
+    return ctypes.cast(f, ctypes.c_void_p).value, _MODE
 
 
 def mkl_sqrt(x):

@@ -88,6 +88,66 @@ def test_cpu_takes_the_staged_step_for_mkls_sqrt(monkeypatch):
     assert ran == [True]
 
 
+def sparse_run(make, dtype, backend, steps=5, V=40, D=24):
+    """A table trained with ``make(backend)`` on sparse gradients with duplicate rows."""
+    rng = np.random.default_rng(11)
+    table = rng.standard_normal((V, D)).astype(dtype)
+    opt = make(backend)
+    for _ in range(steps):
+        idx = rng.integers(0, V, 30)
+        vals = (rng.standard_normal((30, D)) * 10.0 ** rng.uniform(-3, 1, (30, 1))).astype(dtype)
+        opt.apply_gradients([(refopt.IndexedSlices(vals, idx, (V, D)), table)])
+    return table, [np.array(s) for s in opt._slots.values() for s in s]
+
+
+SPARSE_TORCH = {
+    "Adagrad": lambda conv: lambda be: refopt.Adagrad(0.1, convention=conv, backend=be),
+    "SparseAdam": lambda conv: lambda be: refopt.LazyAdam(0.01, convention=conv, backend=be),
+    "Adagrad lr_decay": lambda conv: lambda be: refopt.Adagrad(
+        0.1, lr_decay=0.01, initial_accumulator_value=0.5, convention=conv, backend=be),
+}
+
+
+@needs_mkl
+@pytest.mark.parametrize("name", sorted(SPARSE_TORCH))
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_sparse_rows_take_mkls_root_in_the_fast_kernel(monkeypatch, name, dtype):
+    # torch's sparse Adagrad and SparseAdam take MKL's root (torch.sqrt on the values): the
+    # CPU backend's rows_root kernel calls MKL per row instead of leaving the step to the
+    # host (4.3x slower); the bits are the reference's (itself held to torch's recorded
+    # values by the conformance cases torch/adagrad_sparse_* and torch/sparseadam_f32)
+    from refopt.executors import cpu
+
+    ran = []
+    real = cpu.try_fast_step
+    monkeypatch.setattr(cpu, "try_fast_step", lambda *a: ran.append(real(*a)) or ran[-1])
+    make = SPARSE_TORCH[name]
+    w_ref, s_ref = sparse_run(make("torch"), dtype, "reference")
+    w_cpu, s_cpu = sparse_run(make("torch"), dtype, "cpu")
+    assert ran and all(ran)  # every step on the fused kernel
+    np.testing.assert_array_equal(w_cpu, w_ref)
+    for a, b in zip(s_cpu, s_ref):
+        np.testing.assert_array_equal(a, b)
+    if dtype == F32:  # the input tells MKL's root from the correctly rounded one (float64's
+        # roots differ on 1% of the elements, and the step rounds most of that away)
+        w_ieee, _ = sparse_run(make(get_convention("torch", sqrt="ieee")), dtype, "cpu")
+        assert (w_ieee != w_ref).any()
+
+
+@needs_mkl
+def test_sparse_rows_without_mkls_address_take_the_host_step(monkeypatch):
+    from refopt.executors import cpu
+
+    monkeypatch.setattr(_mkl, "mkl_address", lambda dtype: None)
+    ran = []
+    real = cpu.try_fast_step
+    monkeypatch.setattr(cpu, "try_fast_step", lambda *a: ran.append(real(*a)) or ran[-1])
+    make = SPARSE_TORCH["Adagrad"]("torch")
+    w_cpu, _ = sparse_run(make, F32, "cpu", steps=2)
+    assert ran and not any(ran)
+    np.testing.assert_array_equal(w_cpu, sparse_run(make, F32, "reference", steps=2)[0])
+
+
 @needs_mkl
 def test_the_knob_says_where_the_root_comes_from():
     v = np.random.default_rng(0).uniform(0.0, 10.0, 4096).astype(F32)

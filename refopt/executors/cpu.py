@@ -43,6 +43,7 @@ import bisect
 
 import numpy as np
 
+from refopt import _mkl
 from refopt import precision as _precision
 from refopt.executors import checks as _checks
 from refopt.executors import plan as _plan
@@ -361,7 +362,10 @@ def try_fast_step(opt, positions, grads, lr_value):
         return False
     if opt.use_ema and opt.ema_momentum is None:  # torch's equal-weight average: staged
         return False
-    if _sqrt.optimizer_takes_mkl_sqrt(opt, grads):  # MKL's sqrt (torch's loop): staged, host
+    # MKL's sqrt (torch's for-loop; refopt.reference.sqrt): the lazy rows of a rule whose
+    # root is split (refopt.rules.Root) call it from the rows_root kernel; else staged, host
+    mkl = _sqrt.optimizer_takes_mkl_sqrt(opt, grads)
+    if mkl and any(type(g) is np.ndarray for g in grads):
         return False
     lazy = opt._is_lazy()
     sparse = [k for k, g in enumerate(grads) if type(g) is not np.ndarray]
@@ -465,6 +469,11 @@ def try_fast_step(opt, positions, grads, lr_value):
         if rc is None:
             return False
         (vals,), _ = _safe_grads(state, [rows2d(g.values)])
+        root = None
+        if mkl:
+            root = _mkl.mkl_address(grp.dtype)
+            if root is None or rc.rule.root is None or int(rc.fl[0]) not in rc.rule.root.forms:
+                return False
         K = drivers.kernels(rc.rule, rc.fl, grp.plan.dmode)
         order, srows = stable_order(g.indices)
         tables = [rows2d(opt._slots[name][i]) for name in rc.rule.slots]
@@ -472,7 +481,10 @@ def try_fast_step(opt, positions, grads, lr_value):
         args = (rows2d(var), *tables, order, srows, vals, int(cm[k]),
                 *((cd[k], cs[k]) if cd is not None else (grp.dtype.type(1),) * 2),
                 grp.plan.dmode if decay else 0, grp.plan.psc, rc.sc, rc.fl)
-        calls.append((K.rows, args, vals.size))
+        if root is None:
+            calls.append((K.rows, args, vals.size))
+        else:
+            calls.append((K.rows_root, args + root, vals.size))
     for (dt, step), grp in groups.items():
         if not grp.pos:
             continue

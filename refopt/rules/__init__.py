@@ -68,7 +68,36 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Rule", "RuleCall"]
+__all__ = ["Root", "Rule", "RuleCall"]
+
+
+@dataclass(frozen=True)
+class Root:
+    """Where a rule's one square root sits, so that a backend can take it from a vector
+    library (MKL's ``vmsSqrt``, the root of PyTorch's for-loop optimizers on the CPU, which no
+    scalar instruction reproduces).
+
+    The rule's element must compute ``sqrt`` once, of the new value of slot ``slot``, and
+    then its parameter by ``finish``; it is written as ``finish(p, g, *new_slots,
+    sqrt(new_slots[slot]), sc, fl, tail)``, so the arithmetic is defined once. A backend
+    then runs the element for the new slots, the vector root of that slot's new values, and
+    ``finish`` with them (the CPU's ``rows_root`` kernel).
+
+    Parameters
+    ----------
+    slot : int
+        The index, in :attr:`Rule.slots`, of the slot whose new value is the root's argument.
+    finish : callable
+        ``finish(p, g, s_0, ..., s_k, root, sc, fl, tail) -> p``, a module-level function of
+        the rule's module, written with :mod:`refopt.rules.ops`; ``s_i`` are the new slots.
+    forms : tuple of int
+        The values of flag 0 (the rule's form) for which the element is written so; for the
+        others the element is not split (and the backend takes its host step).
+    """
+
+    slot: int
+    finish: Callable
+    forms: tuple
 
 
 @dataclass(frozen=True)
@@ -88,12 +117,16 @@ class Rule:
         The fused backends that may run it: a rule using an op only one target has (the
         CPU's ``cpow``, the C library's ``powf``) names that one; on the others the executor
         takes its host step.
+    root : Root or None
+        Where its square root sits, when a convention may take it from MKL (see
+        :class:`Root`).
     """
 
     name: str
     element: Callable
     slots: tuple
     targets: tuple = ("cpu", "cuda")
+    root: Root = None
 
     @property
     def arity(self):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba.extending import register_jitable
 
-from refopt.rules import Rule, RuleCall, flags, scalars
+from refopt.rules import Root, Rule, RuleCall, flags, scalars
 from refopt.rules.ops import add, div, fma, mul, rsqrt, sqrt, sub
 
 F_FORM, F_EAGER = 0, 1
@@ -35,6 +35,16 @@ S_LR, S_EPS_IN, S_EPS_OUT, S_NEG_LR, S_EPS, S_ZERO = range(6)
 
 #: The element's forms, by name.
 FORMS = {"tf": 0, "tf1": 1, "torch": 2, "torch_rows": 3, "optax": 4}
+
+
+@register_jitable
+def adagrad_finish(p, g, acc, root, sc, fl, tail):
+    """PyTorch's step from ``root``, the square root of the new accumulator ``acc``: form 2
+    (the dense for-loop) ``p + (-clr*g) / (root + eps)``, form 3 (the sparse branch)
+    ``fma(-clr, g / (root + eps), p)``."""
+    if fl[F_FORM] == 2:
+        return add(p, div(mul(sc[S_NEG_LR], g), add(root, sc[S_EPS])))
+    return fma(sc[S_NEG_LR], div(g, add(root, sc[S_EPS])), p)
 
 
 @register_jitable
@@ -50,16 +60,19 @@ def adagrad_element(p, g, acc, sc, fl, tail):
         return sub(p, mul(mul(g, sc[S_LR]), rsqrt(acc))), acc
     if form == 2:
         acc = fma(g, g, acc)
-        return add(p, div(mul(sc[S_NEG_LR], g), add(sqrt(acc), sc[S_EPS]))), acc
+        return adagrad_finish(p, g, acc, sqrt(acc), sc, fl, tail), acc
     if form == 3:
         acc = add(acc, mul(g, g))
-        return fma(sc[S_NEG_LR], div(g, add(sqrt(acc), sc[S_EPS])), p), acc
+        return adagrad_finish(p, g, acc, sqrt(acc), sc, fl, tail), acc
     acc = add(mul(g, g), acc) if fl[F_EAGER] != 0 else fma(g, g, acc)  # optax eager: no FMA
     s = rsqrt(add(acc, sc[S_EPS])) if acc > 0 else sc[S_ZERO]
     return add(p, mul(sc[S_NEG_LR], mul(s, g))), acc
 
 
-ADAGRAD = Rule("adagrad", adagrad_element, ("accumulator",))
+#: PyTorch's forms (2, 3) take the root of the new accumulator: MKL's under the for-loop
+#: preset (``Root``: the CPU's ``rows_root`` kernel for the sparse branch).
+ADAGRAD = Rule("adagrad", adagrad_element, ("accumulator",),
+               root=Root(0, adagrad_finish, (FORMS["torch"], FORMS["torch_rows"])))
 
 
 def adagrad_call(dtype, conv, *, learning_rate, epsilon, lr_decay=0.0, step=1,

@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from refopt.rules import Rule, RuleCall, flags, scalars
+from refopt.rules import Root, Rule, RuleCall, flags, scalars
 from numba.extending import register_jitable
 
 from refopt.rules.ops import add, div, fma, maximum, mul, sqrt, sub
@@ -144,13 +144,24 @@ def amsgrad_element(p, g, m, v, vh, sc, fl, tail):
 
 
 @register_jitable
+def sparse_adam_finish(p, g, m, v, root, sc, fl, tail):
+    """SparseAdam's step from the new moments and ``root = sqrt(v)``:
+    ``p + (-step_size) (m / (root + eps))``."""
+    return add(p, mul(sc[S_NEG_STEP], div(m, add(root, sc[S_EPS]))))
+
+
+@register_jitable
 def sparse_adam_element(p, g, m, v, sc, fl, tail):
-    """``torch.optim.SparseAdam`` on one element of a present row: slots ``m, v``."""
+    """``torch.optim.SparseAdam`` on one element of a present row: slots ``m, v``.
+
+    torch computes ``numer = dm + m`` and ``sqrt(dv + v)`` apart from the slots' ``m + dm``
+    and ``v + dv``: the same sums (IEEE addition commutes), so the step is taken from the new
+    slots (:func:`sparse_adam_finish`)."""
     dm = mul(sub(g, m), sc[S_C1])
     dv = mul(sub(mul(g, g), v), sc[S_C2])
-    numer = add(dm, m)
-    denom = add(sqrt(add(dv, v)), sc[S_EPS])
-    return add(p, mul(sc[S_NEG_STEP], div(numer, denom))), add(m, dm), add(v, dv)
+    m = add(m, dm)
+    v = add(v, dv)
+    return sparse_adam_finish(p, g, m, v, sqrt(v), sc, fl, tail), m, v
 
 
 @register_jitable
@@ -184,7 +195,9 @@ def amsgrad_table_element(p, g, m, v, vh, sc, fl, tail):
 
 ADAM = Rule("adam", adam_element, ("m", "v"))
 AMSGRAD = Rule("amsgrad", amsgrad_element, ("m", "v", "vhat"))
-SPARSE_ADAM = Rule("sparse_adam", sparse_adam_element, ("m", "v"))
+#: SparseAdam's root is torch's ``sqrt_`` (MKL's under the for-loop preset): ``Root``.
+SPARSE_ADAM = Rule("sparse_adam", sparse_adam_element, ("m", "v"),
+                   root=Root(1, sparse_adam_finish, (0,)))
 #: The whole-table sparse rules (the drivers' ``table`` kernels): tf-keras' ``IndexedSlices``
 #: path of :func:`refopt.reference.adam_update`.
 ADAM_TABLE = Rule("adam_table", adam_table_element, ("m", "v"))

@@ -9,6 +9,8 @@ what a rule does not define:
 - the sums of a sparse gradient's duplicate rows (:func:`_segment_sums`, after the
   pipeline's clip of :mod:`refopt.rules.steps`), the first step of the drivers' ``rows``
   and ``table`` kernels;
+- :func:`_vector_root`: a call of MKL's vector square root by address (the rules' split
+  root, :class:`refopt.rules.Root`);
 - :func:`read_int64_at`: raw memory reads (the CPU executor reads the data pointers of live
   ndarray objects with it).
 
@@ -68,6 +70,35 @@ def _prefetch(typingctx, arr, index):
         fn = cgutils.get_or_insert_function(builder.module, fnty, name)
         # rw = 1 (write), locality = 3 (keep in all levels), cache type = 1 (data)
         builder.call(fn, [i8p, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _vector_root(typingctx, addr, src, dst, mode):
+    """Call the C function at the integer address ``addr`` as MKL's ``vmsSqrt``/``vmdSqrt``:
+    ``f(n, src, dst, mode)`` with ``n = src.size`` (int64) and the contiguous 1-D arrays'
+    data pointers: ``dst = sqrt(src)`` as that library computes it. The address is an
+    argument (found at run time by :mod:`refopt._mkl`), so the kernels calling it cache."""
+    if not (isinstance(addr, types.Integer) and isinstance(mode, types.Integer)
+            and all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
+                    and a.dtype == src.dtype for a in (src, dst))):
+        return None
+    sig = types.void(addr, src, dst, mode)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        i8p = ir.IntType(8).as_pointer()
+        a_src = context.make_array(signature.args[1])(context, builder, args[1])
+        a_dst = context.make_array(signature.args[2])(context, builder, args[2])
+        n = builder.extract_value(a_src.shape, 0)
+        fnty = ir.FunctionType(ir.VoidType(), [i64, i8p, i8p, i64])
+        fn = builder.inttoptr(context.cast(builder, args[0], signature.args[0], types.int64),
+                              fnty.as_pointer())
+        builder.call(fn, [builder.sext(n, i64) if n.type != i64 else n,
+                          builder.bitcast(a_src.data, i8p), builder.bitcast(a_dst.data, i8p),
+                          context.cast(builder, args[3], signature.args[3], types.int64)])
         return context.get_dummy_value()
 
     return sig, codegen

@@ -177,6 +177,7 @@ def rows(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
             _row(P[r], sums[k], {row_vars}dmode, psc, sc, fl)
 
 
+{root_block}
 @jit
 def _row_absent(Pr, {row_args}dmode, psc, sc, fl):
     # a row without gradient in a whole-table step: decay, then the element with g = None
@@ -201,6 +202,44 @@ def table(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
             _row(P[r], sums[k], {row_vars}dmode, psc, sc, fl)
         else:
             _row_absent(P[r], {row_vars}dmode, psc, sc, fl)
+'''
+
+# The lazy rows with the rule's square root taken from a vector library (rules with a Root,
+# refopt.rules.Root): per row, the element for the new slots, one call of the library's root
+# (MKL's vmsSqrt: its bits, which no scalar instruction gives) on the root slot's new row,
+# then the rule's finish from the decayed parameter, the summed gradient, the new slots and
+# the roots. The same operations as the element, in the same order, with that root.
+_ROOT_BLOCK = '''from {module} import {finish} as _finish
+from refopt.kernels.cpu._kernels import _vector_root
+
+
+@jit
+def _row_root(Pr, g_row, {row_args}dmode, psc, sc, fl, vaddr, vmode):
+    for i in range(Pr.shape[0]):
+        p, g = _decay(Pr[i], g_row[i], dmode, psc)
+        p, {slot_vals} = _element(p, g, {row_slot_loads}sc, {fl_expr}, False)
+{row_slot_stores}
+    roots = np.empty(Pr.shape[0], Pr.dtype)
+    _vector_root(vaddr, R{root_slot}, roots, vmode)
+    for i in range(Pr.shape[0]):
+        p, g = _decay(Pr[i], g_row[i], dmode, psc)
+        Pr[i] = _finish(p, g, {row_slot_loads}roots[i], sc, {fl_expr}, False)
+
+
+@pjit
+def rows_root(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl, vaddr, vmode):
+    urows, sums = _segment_sums(order, srows, vals, cmode, psc[2], d, s)
+    psc, sc, fl = _tuple8(psc), _tuple16(sc), _tuple8(fl)
+    u = urows.shape[0]
+    for k in prange(u):
+        ahead = k + PREFETCH_ROWS
+        if ahead < u:
+            _prefetch_row(P, urows[ahead])
+{row_prefetch}
+        r = urows[k]
+{row_slot_views}
+        _row_root(P[r], sums[k], {row_vars}dmode, psc, sc, fl, vaddr, vmode)
+
 '''
 
 # The scalar tail of PyTorch's vectorised kernels (only in the kernels of rules that have one).
@@ -272,7 +311,24 @@ def _source(rule, fl, dmode=0, tail=False, low=False):
     # the element returns (p, s0, ...): unpacked as "p, s0, ..., = " (a rule with no slot
     # returns the 1-tuple (p,): "p, = ")
     slot_vals = "".join(f"s{i}, " for i in range(k))
+    fields = dict(
+        module=rule.element.__module__,
+        slots_args="".join(f"{n}, " for n in names),
+        slot_vals=slot_vals,
+        fl_expr="fl" if fl is None else "FL",
+        row_slot_views="\n".join(f"        R{i} = {n}[r]" for i, n in enumerate(names)) or "",
+        row_prefetch="\n".join(f"            _prefetch_row({n}, urows[ahead])" for n in names),
+        row_args="".join(f"R{i}, " for i in range(k)),
+        row_vars="".join(f"R{i}, " for i in range(k)),
+        row_slot_loads="".join(f"R{i}[i], " for i in range(k)),
+        row_slot_stores="\n".join(f"        R{i}[i] = s{i}" for i in range(k)) or "",
+    )
+    root_block = ""
+    if rule.root is not None and not low:
+        root_block = _ROOT_BLOCK.format(finish=rule.root.finish.__name__,
+                                        root_slot=int(rule.root.slot), **fields)
     return _TEMPLATE.format(
+        root_block=root_block,
         rule_name=rule.name,
         flags=repr(None if fl is None else tuple(int(f) for f in fl)),
         fl_expr="fl" if fl is None else "FL",
