@@ -69,7 +69,9 @@ def test_adam_l2_loop_and_fused_are_torchs_values(backend):
 
 
 @needs_mkl
-def test_cpu_takes_the_staged_step_for_mkls_sqrt(monkeypatch):
+def test_cpu_calls_mkls_sqrt_from_the_fused_kernels(monkeypatch):
+    # Adam's rule declares its root (refopt.rules.Root): the dense_root kernel calls MKL's
+    # vmsSqrt per work item, the same bits as the reference (and torch: LOOP_W6 above)
     from refopt.executors import cpu
 
     ran = []
@@ -77,10 +79,22 @@ def test_cpu_takes_the_staged_step_for_mkls_sqrt(monkeypatch):
     monkeypatch.setattr(cpu, "try_fast_step", lambda *a: ran.append(real(*a)) or ran[-1])
     w_ref, ref = adam_l2("torch")
     w_cpu, opt = adam_l2("torch", "cpu")
-    assert ran and not any(ran)  # never the fused kernels: MKL's root on the host
+    assert ran and all(ran)  # every step on the fused kernels
+    assert w_cpu[6] == F32.type(LOOP_W6)
     np.testing.assert_array_equal(w_cpu, w_ref)
     for name in ("m", "v"):
         np.testing.assert_array_equal(opt.get_slot(w_cpu, name), ref.get_slot(w_ref, name))
+    # AMSGrad's root (of the running maximum) is not split: the staged step, on the host
+    ran.clear()
+    w0, gs = inputs()
+    w_ams, w_ams_ref = w0.copy(), w0.copy()
+    a = refopt.Adam(0.01, amsgrad=True, convention="torch", backend="cpu")
+    b = refopt.Adam(0.01, amsgrad=True, convention="torch")
+    for g in gs:
+        a.apply_gradients([(g, w_ams)])
+        b.apply_gradients([(g, w_ams_ref)])
+    assert ran and not any(ran)
+    np.testing.assert_array_equal(w_ams, w_ams_ref)
     # SGD has no root: the fast path stays
     ran.clear()
     refopt.SGD(0.1, momentum=0.9, convention="torch", backend="cpu").apply_gradients(
@@ -109,8 +123,8 @@ SPARSE_TORCH = {
 
 
 @needs_mkl
-@pytest.mark.parametrize("name", sorted(SPARSE_TORCH))
-@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("name, dtype", [("Adagrad", F32), ("Adagrad lr_decay", F64),
+                                         ("SparseAdam", F32), ("SparseAdam", F64)])
 def test_sparse_rows_take_mkls_root_in_the_fast_kernel(monkeypatch, name, dtype):
     # torch's sparse Adagrad and SparseAdam take MKL's root (torch.sqrt on the values): the
     # CPU backend's rows_root kernel calls MKL per row instead of leaving the step to the
@@ -132,6 +146,43 @@ def test_sparse_rows_take_mkls_root_in_the_fast_kernel(monkeypatch, name, dtype)
         # roots differ on 1% of the elements, and the step rounds most of that away)
         w_ieee, _ = sparse_run(make(get_convention("torch", sqrt="ieee")), dtype, "cpu")
         assert (w_ieee != w_ref).any()
+
+
+DENSE_TORCH = {
+    "Adam": lambda be: refopt.Adam(0.01, weight_decay=0.1, global_clipnorm=2.0,
+                                   convention="torch", backend=be),
+    "AdamW": lambda be: refopt.AdamW(0.01, weight_decay=0.1, use_ema=True, ema_momentum=0.9,
+                                     convention="torch", backend=be),
+    "Adagrad": lambda be: refopt.Adagrad(0.1, lr_decay=0.01, clipvalue=0.5,
+                                         convention="torch", backend=be),
+}
+
+
+@needs_mkl
+@pytest.mark.parametrize("name, dtype", [("Adam", F64), ("AdamW", F32), ("Adagrad", F32)])
+def test_dense_steps_take_mkls_root_in_the_fast_kernel(monkeypatch, name, dtype):
+    # the dense_root kernel: two tensors, one over a work item (CHUNK = 65536 elements), with
+    # clipping, weight decay or an EMA around the split root
+    from refopt.executors import cpu
+    from refopt.kernels.cpu._kernels import CHUNK
+
+    ran = []
+    real = cpu.try_fast_step
+    monkeypatch.setattr(cpu, "try_fast_step", lambda *a: ran.append(real(*a)) or ran[-1])
+    out = {}
+    for be in ("reference", "cpu"):
+        rng = np.random.default_rng(5)
+        ws = [rng.standard_normal(CHUNK + 77).astype(dtype),
+              rng.standard_normal((5, 3)).astype(dtype)]
+        opt = DENSE_TORCH[name](be)
+        for _ in range(3):
+            gs = [(rng.standard_normal(w.shape) * 10.0 ** rng.uniform(-3, 1, w.shape)).astype(
+                dtype) for w in ws]
+            opt.apply_gradients(list(zip(gs, ws)))
+        out[be] = ws + [np.array(s) for s in opt._slots.values() for s in s]
+    assert ran and all(ran)
+    for a, b in zip(out["cpu"], out["reference"]):
+        np.testing.assert_array_equal(a, b)
 
 
 @needs_mkl

@@ -362,11 +362,9 @@ def try_fast_step(opt, positions, grads, lr_value):
         return False
     if opt.use_ema and opt.ema_momentum is None:  # torch's equal-weight average: staged
         return False
-    # MKL's sqrt (torch's for-loop; refopt.reference.sqrt): the lazy rows of a rule whose
-    # root is split (refopt.rules.Root) call it from the rows_root kernel; else staged, host
+    # MKL's sqrt (torch's for-loop; refopt.reference.sqrt): a rule whose root is split
+    # (refopt.rules.Root) calls it from the dense_root/rows_root kernels; else staged, host
     mkl = _sqrt.optimizer_takes_mkl_sqrt(opt, grads)
-    if mkl and any(type(g) is np.ndarray for g in grads):
-        return False
     lazy = opt._is_lazy()
     sparse = [k for k, g in enumerate(grads) if type(g) is not np.ndarray]
     if sparse and (not lazy or (conv.keras3_sparse_square and opt._raw_slices_matter)):
@@ -459,6 +457,10 @@ def try_fast_step(opt, positions, grads, lr_value):
         rc = opt._rule(cdt, lr_value, step, optax_weight_decay=pl.optax_weight_decay)
         if rc is None or not _slots_match(opt, rc.rule):
             return False
+        grp.root = _vector_root(rc, cdt) if mkl else None
+        # MKL's root on dense tensors: dense_root (not the low-precision kernels)
+        if mkl and grp.pos and (grp.root is None or dt in low):
+            return False
         grp.rc, grp.plan = rc, pl
     for k, i, g, grp in rows_calls:
         if grp.plan.dmode == 3 or grp.plan.optax_weight_decay is not None:
@@ -469,11 +471,9 @@ def try_fast_step(opt, positions, grads, lr_value):
         if rc is None:
             return False
         (vals,), _ = _safe_grads(state, [rows2d(g.values)])
-        root = None
-        if mkl:
-            root = _mkl.mkl_address(grp.dtype)
-            if root is None or rc.rule.root is None or int(rc.fl[0]) not in rc.rule.root.forms:
-                return False
+        root = _vector_root(rc, grp.dtype) if mkl else None
+        if mkl and root is None:
+            return False
         K = drivers.kernels(rc.rule, rc.fl, grp.plan.dmode)
         order, srows = stable_order(g.indices)
         tables = [rows2d(opt._slots[name][i]) for name in rc.rule.slots]
@@ -521,14 +521,27 @@ def try_fast_step(opt, positions, grads, lr_value):
         K = drivers.kernels(rc.rule, rc.fl, pl.dmode, bool(rc.tail_lanes))
         args = (paddr, gaddr, seg, cden, cscale,
                 *[buf[name] for name in rc.rule.slots], buf.get("average", empty),
-                pl.dmode, pl.emode, pl.overwrite, pl.psc, rc.sc, rc.fl, safe)
-        calls.append((K.dense, args, elements))
+                pl.dmode, pl.emode, pl.overwrite, pl.psc, rc.sc, rc.fl)
+        if grp.root is None:
+            calls.append((K.dense, args + (safe,), elements))
+        else:
+            calls.append((K.dense_root, args + grp.root + (safe,), elements))
     # Nothing has been written so far; from here on nothing can fail.
     for kernel, args, elements in calls:
-        if kernel.__name__ == "dense":
+        if kernel.__name__ in ("dense", "dense_root"):
             args = args[:-1]  # the last entry only kept the gradient copies alive
         launch(kernel, args, elements)
     return True
+
+
+def _vector_root(rc, dtype):
+    """(address, mode) of MKL's root for the rule call ``rc`` on ``dtype`` (the extra
+    arguments of the ``dense_root``/``rows_root`` kernels), or None where the rule's root is
+    not split for this form (:class:`refopt.rules.Root`) or MKL is missing."""
+    root = rc.rule.root
+    if root is None or int(rc.fl[0]) not in root.forms:
+        return None
+    return _mkl.mkl_address(dtype)
 
 
 def try_in_place_step(opt, positions, grads, lr_value):

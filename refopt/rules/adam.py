@@ -75,8 +75,20 @@ def step_hat(p, m, den, sc):
 @register_jitable
 def step_torch(p, m, den, sc):
     """``p + (-step_size m) / (sqrt(den) / bc2_sqrt + eps)``."""
-    denom = add(div(sqrt(den), sc[S_BC2_SQRT]), sc[S_EPS])
+    return step_torch_root(p, m, sqrt(den), sc)
+
+
+@register_jitable
+def step_torch_root(p, m, root, sc):
+    """``p + (-step_size m) / (root / bc2_sqrt + eps)``."""
+    denom = add(div(root, sc[S_BC2_SQRT]), sc[S_EPS])
     return add(p, div(mul(sc[S_NEG_STEP], m), denom))
+
+
+@register_jitable
+def adam_finish(p, g, m, v, root, sc, fl, tail):
+    """Adam's PyTorch step (form 1) from the new moments and ``root = sqrt(v)``."""
+    return step_torch_root(p, m, root, sc)
 
 
 @register_jitable
@@ -193,7 +205,8 @@ def amsgrad_table_element(p, g, m, v, vh, sc, fl, tail):
     return step_hat(p, m, vh, sc), m, v, vh
 
 
-ADAM = Rule("adam", adam_element, ("m", "v"))
+#: PyTorch's form (1) takes the root of the new ``v``: MKL's under the for-loop preset.
+ADAM = Rule("adam", adam_element, ("m", "v"), root=Root(1, adam_finish, (1,)))
 AMSGRAD = Rule("amsgrad", amsgrad_element, ("m", "v", "vhat"))
 #: SparseAdam's root is torch's ``sqrt_`` (MKL's under the for-loop preset): ``Root``.
 SPARSE_ADAM = Rule("sparse_adam", sparse_adam_element, ("m", "v"),

@@ -204,11 +204,13 @@ def table(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
             _row_absent(P[r], {row_vars}dmode, psc, sc, fl)
 '''
 
-# The lazy rows with the rule's square root taken from a vector library (rules with a Root,
-# refopt.rules.Root): per row, the element for the new slots, one call of the library's root
-# (MKL's vmsSqrt: its bits, which no scalar instruction gives) on the root slot's new row,
-# then the rule's finish from the decayed parameter, the summed gradient, the new slots and
-# the roots. The same operations as the element, in the same order, with that root.
+# The rule's square root taken from a vector library (rules with a Root, refopt.rules.Root):
+# dense_root (as dense, per work item of CHUNK elements) and rows_root (as rows, per unique
+# row) run the element for the new slots, one call of the library's root (MKL's vmsSqrt: its
+# bits, which no scalar instruction gives) on the root slot's new values, then the rule's
+# finish from the clipped and decayed parameter and gradient (computed again, the same
+# bits), the new slots and the roots, then the EMA. The same operations as the element, in
+# the same order, with that root.
 _ROOT_BLOCK = '''from {module} import {finish} as _finish
 from refopt.kernels.cpu._kernels import _vector_root
 
@@ -224,6 +226,76 @@ def _row_root(Pr, g_row, {row_args}dmode, psc, sc, fl, vaddr, vmode):
     for i in range(Pr.shape[0]):
         p, g = _decay(Pr[i], g_row[i], dmode, psc)
         Pr[i] = _finish(p, g, {row_slot_loads}roots[i], sc, {fl_expr}, False)
+
+
+@jit
+def _pass_slots(P, G, {slots_args}cmode, dmode, c, d, s, psc, sc, fl, tail):
+    # P, G and the slots are slices of one span: the element for the new slots only
+    for i in range(P.shape[0]):
+        p, g = _decay(P[i], _clip(G[i], cmode, c, d, s), dmode, psc)
+        p, {slot_vals} = _element(p, g, {slot_loads_i}sc, {fl_expr}, tail)
+{slot_stores_i}
+
+
+@jit
+def _pass_finish(P, G, {slots_args}roots, A, cmode, dmode, emode, c, d, s, ow, psc, sc, fl,
+                 tail):
+    for i in range(P.shape[0]):
+        p, g = _decay(P[i], _clip(G[i], cmode, c, d, s), dmode, psc)
+        p = _finish(p, g, {slot_loads_i}roots[i], sc, {fl_expr}, tail)
+        if emode != 0:
+            a = _ema(A[i], p, emode, psc)
+            A[i] = a
+            if ow:
+                p = a
+        P[i] = p
+
+
+@jit
+def _span_root(P, G, {slots_args}A, lo, hi, o, cmode, dmode, emode, tstart, c, d, s, ow, psc, sc,
+               fl, vaddr, vmode):
+    psc, sc = _tuple8(psc), _tuple16(sc)
+    mid = min(max(tstart, lo), hi)
+    Ah = A[o + lo:o + mid] if emode != 0 else A
+    At = A[o + mid:o + hi] if emode != 0 else A
+    if cmode == 0 and dmode == 0:  # literal modes: the common loop is specialised
+        _pass_slots(P[lo:mid], G[lo:mid], {slices_head}0, 0, c, d, s, psc, sc, fl, False)
+    else:
+        _pass_slots(P[lo:mid], G[lo:mid], {slices_head}cmode, dmode, c, d, s, psc, sc, fl,
+                    False)
+    _pass_slots(P[mid:hi], G[mid:hi], {slices_tail}cmode, dmode, c, d, s, psc, sc, fl, True)
+    roots = np.empty(hi - lo, P.dtype)
+    _vector_root(vaddr, S{root_slot}[o + lo:o + hi], roots, vmode)
+    if cmode == 0 and dmode == 0 and emode == 0:
+        _pass_finish(P[lo:mid], G[lo:mid], {slices_head}roots[:mid - lo], Ah, 0, 0, 0, c, d, s,
+                     False, psc, sc, fl, False)
+    else:
+        _pass_finish(P[lo:mid], G[lo:mid], {slices_head}roots[:mid - lo], Ah, cmode, dmode,
+                     emode, c, d, s, ow, psc, sc, fl, False)
+    _pass_finish(P[mid:hi], G[mid:hi], {slices_tail}roots[mid - lo:], At, cmode, dmode, emode, c,
+                 d, s, ow, psc, sc, fl, True)
+
+
+@pjit
+def dense_root(paddr, gaddr, seg, cden, cscale, {slots_args}A, dmode, emode, ow, psc, sc, fl,
+               vaddr, vmode):
+    ct, cs = _chunks(seg[:, 1])
+    flt = _tuple8(fl)
+    c = psc[2]
+    for q in prange(ct.shape[0]):
+        t = ct[q]
+        n = seg[t, 1]
+        lo = cs[q]
+        hi = min(lo + CHUNK, n)
+        o = seg[t, 0]
+        P = carray(_ptr(paddr[t], psc), (n,))
+        if seg[t, 5] != 0:
+            G = carray(_ptr(gaddr[t], psc), (n,))
+            _span_root(P, G, {slots_args}A, lo, hi, o, seg[t, 3],
+                       dmode if seg[t, 2] != 0 else 0, emode, seg[t, 4], c, cden[t],
+                       cscale[t], ow, psc, sc, flt, vaddr, vmode)
+        elif emode != 0:
+            _ema_only(P, A, lo, hi, o, emode, ow, psc)
 
 
 @pjit
@@ -325,8 +397,13 @@ def _source(rule, fl, dmode=0, tail=False, low=False):
     )
     root_block = ""
     if rule.root is not None and not low:
-        root_block = _ROOT_BLOCK.format(finish=rule.root.finish.__name__,
-                                        root_slot=int(rule.root.slot), **fields)
+        root_block = _ROOT_BLOCK.format(
+            finish=rule.root.finish.__name__, root_slot=int(rule.root.slot),
+            slot_loads_i="".join(f"{n}[i], " for n in names),
+            slot_stores_i="\n".join(f"        {n}[i] = s{i}" for i, n in enumerate(names)),
+            slices_head="".join(f"{n}[o + lo:o + mid], " for n in names),
+            slices_tail="".join(f"{n}[o + mid:o + hi], " for n in names),
+            **fields)
     return _TEMPLATE.format(
         root_block=root_block,
         rule_name=rule.name,
