@@ -515,6 +515,34 @@ OPTIMIZERS += (
     ),
 )
 
+# FBGEMM's partial row-wise Adam (issue 14 item 1): convention "fbgemm", float32 tables,
+# m per element and v one per row
+PARTIAL_ROWWISE_ADAM_ERRORS = (
+    ({"beta_1": 1.0}, ValueError, r"beta_1.*\[0, 1\).*Received: beta_1=1\.0"),
+    ({"beta_2": -0.5}, ValueError, r"beta_2.*Received: beta_2=-0\.5"),
+    ({"beta_2": 0.99999999}, ValueError,
+     r"beta_2.*< 1 in float32.*Received: beta_2=0\.99999999"),
+    ({"beta_1": "0.9"}, TypeError, r"beta_1.*Received: beta_1='0\.9'"),
+    ({"epsilon": -1e-8}, ValueError, r"epsilon.*>= 0"),
+    ({"epsilon": 1e39}, ValueError, r"epsilon.*finite in float32.*Received: epsilon=1e\+39"),
+    ({"weight_decay": 1e39}, ValueError, r"weight_decay.*finite in float32"),
+    ({"convention": "torch"}, ValueError,
+     r"PartialRowWiseAdam does not exist under convention='torch'.*fbgemm"),
+)
+OPTIMIZERS += (
+    OptimizerInfo(
+        refopt.PartialRowWiseAdam,
+        (
+            {},
+            {"learning_rate": 0.1, "weight_decay": 0.01, "clipnorm": 1.0},
+            {"learning_rate": 0.05, "beta_1": 0.8, "beta_2": 0.99, "epsilon": 1e-6,
+             "global_clipnorm": 0.5},
+        ),
+        COMMON_ERRORS + PARTIAL_ROWWISE_ADAM_ERRORS,
+        ("m", "v"),
+    ),
+)
+
 # bitsandbytes' 8-bit optimizers (issue 17 item 5): convention "torch" only, float32
 # variables; min_8bit_size=1 puts these tables' small variables on the 8-bit path
 EIGHTBIT_ERRORS = (

@@ -877,6 +877,21 @@ def _reference_call(draw, name):
             "adadelta", "lamb", "lion", "nadam", "radam", "adafactor"):
         return getattr(ref, name), (p,), {}
     dense = hnp.arrays(dtype, shape, elements=wild)
+    if name.startswith("partial_rowwise_adam"):  # FBGEMM's: float32 tables only, v per row
+        f32 = np.dtype(np.float32)
+        p = draw(hnp.arrays(f32, shape, elements=st.floats(width=32)))
+        if name == "partial_rowwise_adam_initial_state":
+            return ref.partial_rowwise_adam_initial_state, (p,), {}
+        g = draw(hnp.arrays(f32, shape, elements=st.floats(width=32)))
+        if shape and name == "partial_rowwise_adam_update" and draw(st.booleans()):
+            g = draw(slices_for(shape, f32))
+        m = draw(float_arrays(f32, shape))
+        v = draw(float_arrays(f32, shape[:1], nonneg=True))
+        kw = dict(learning_rate=draw(learning_rates), beta_1=draw(st.sampled_from([0.0, 0.9])),
+                  beta_2=draw(st.sampled_from([0.5, 0.999])),
+                  epsilon=draw(st.sampled_from([1e-8, 1e-3])),
+                  weight_decay=draw(st.sampled_from([0.0, 0.1])), step=draw(st.integers(1, 100)))
+        return getattr(ref, name), (p, g, m, v), kw
     if name.startswith("rowwise_adagrad"):  # FBGEMM's: one accumulator per row
         acc = draw(float_arrays(dtype, shape[:1], nonneg=True))
         mode = draw(st.sampled_from(["none", "l2", "decoupled"]))
@@ -966,6 +981,8 @@ REFERENCE_FUNCTIONS += ("proximal_adagrad_update", "proximal_adagrad_initial_sta
                         "proximal_gradient_descent_update")
 REFERENCE_FUNCTIONS += ("rowwise_adagrad_update", "rowwise_adagrad_sequential_update",
                         "rowwise_adagrad_initial_state", "rowwise_adagrad_rows")
+REFERENCE_FUNCTIONS += ("partial_rowwise_adam_update", "partial_rowwise_adam_initial_state",
+                        "partial_rowwise_adam_rows")
 REFERENCE_FUNCTIONS += ("sgd_sparse_torch_update", "sgd_sparse_scatter_update",
                         "sgd_sparse_torch_momentum_update")
 

@@ -18,6 +18,7 @@ from refopt.optimizers.multi_steps import MultiSteps as MultiSteps
 from refopt.optimizers.averaging import SWA as SWA
 from refopt.optimizers.averaging import MovingAverage as MovingAverage
 from refopt.optimizers.nadam import Nadam
+from refopt.optimizers.partial_rowwise_adam import PartialRowWiseAdam
 from refopt.optimizers.radam import RAdam
 from refopt.optimizers.rmsprop import RMSprop
 from refopt.optimizers.rprop import Rprop
@@ -44,6 +45,7 @@ __all__ = [
     "Lion8bit",
     "Nadam",
     "Optimizer",
+    "PartialRowWiseAdam",
     "RAdam",
     "RMSprop",
     "Rprop",

@@ -41,6 +41,12 @@ from refopt.reference.proximal import (
 )
 from refopt.reference.lazy_adam import lazy_adam_update
 from refopt.reference.lion import LionResult, lion_initial_state, lion_update
+from refopt.reference.partial_rowwise_adam import (
+    PartialRowWiseAdamResult,
+    partial_rowwise_adam_initial_state,
+    partial_rowwise_adam_rows,
+    partial_rowwise_adam_update,
+)
 from refopt.reference.radam import RAdamResult, radam_initial_state, radam_update
 from refopt.reference.rmsprop import (
     RMSpropResult,
@@ -117,6 +123,10 @@ __all__ = [
     "LionResult",
     "lion_initial_state",
     "lion_update",
+    "PartialRowWiseAdamResult",
+    "partial_rowwise_adam_initial_state",
+    "partial_rowwise_adam_rows",
+    "partial_rowwise_adam_update",
     "RAdamResult",
     "radam_initial_state",
     "radam_update",

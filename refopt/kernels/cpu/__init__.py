@@ -25,6 +25,12 @@ from refopt.kernels.cpu.adamax import adamax_update
 from refopt.kernels.cpu.nadam import nadam_update
 from refopt.kernels.cpu.asgd import asgd_update
 from refopt.kernels.cpu.rprop import rprop_update
+from refopt.kernels.cpu.partial_rowwise_adam import (
+    PartialRowWiseAdamResult,
+    partial_rowwise_adam_initial_state,
+    partial_rowwise_adam_rows,
+    partial_rowwise_adam_update,
+)
 from refopt.kernels.cpu.rowwise_adagrad import (
     RowWiseAdagradResult,
     rowwise_adagrad_initial_state,
@@ -109,6 +115,10 @@ __all__ = [
     "RpropResult",
     "rprop_initial_state",
     "rprop_update",
+    "PartialRowWiseAdamResult",
+    "partial_rowwise_adam_initial_state",
+    "partial_rowwise_adam_rows",
+    "partial_rowwise_adam_update",
     "RowWiseAdagradResult",
     "rowwise_adagrad_initial_state",
     "rowwise_adagrad_rows",

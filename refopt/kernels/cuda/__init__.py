@@ -72,6 +72,12 @@ from refopt.kernels.cuda.adamax import adamax_update
 from refopt.kernels.cuda.nadam import nadam_update
 from refopt.kernels.cuda.asgd import asgd_update
 from refopt.kernels.cuda.rprop import rprop_update
+from refopt.reference.partial_rowwise_adam import (
+    PartialRowWiseAdamResult,
+    partial_rowwise_adam_initial_state,
+    partial_rowwise_adam_rows,
+    partial_rowwise_adam_update,
+)
 from refopt.kernels.cuda.rowwise_adagrad import (
     RowWiseAdagradResult,
     rowwise_adagrad_initial_state,
@@ -157,6 +163,10 @@ __all__ = [
     "RpropResult",
     "rprop_initial_state",
     "rprop_update",
+    "PartialRowWiseAdamResult",
+    "partial_rowwise_adam_initial_state",
+    "partial_rowwise_adam_rows",
+    "partial_rowwise_adam_update",
     "RowWiseAdagradResult",
     "rowwise_adagrad_initial_state",
     "rowwise_adagrad_rows",
