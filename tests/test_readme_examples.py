@@ -36,6 +36,13 @@ def test_rowwise_adagrad_example(tmp_path, monkeypatch):
     assert out.strip() == "[-2.0, 0.0, 0.0, 0.0] [1.0, 0.0]"
 
 
+def test_partial_rowwise_adam_example(tmp_path, monkeypatch):
+    code = "import numpy as np, refopt\n" + _block("refopt.PartialRowWiseAdam(learning_rate=0.1)")
+    out = _run(code, tmp_path, monkeypatch)
+    # by hand: v = f32(0 + 12.5 * (1.0 - double(f32(0.999)))) = f32(0.0124998390674591...)
+    assert out.split("#")[0].strip() == "[0.012499839067459106, 0.0]"
+
+
 def test_proximal_adagrad_example(tmp_path, monkeypatch):
     code = "import numpy as np, refopt\n" + _block("refopt.ProximalAdagrad(learning_rate=0.1")
     out = _run(code, tmp_path, monkeypatch)
