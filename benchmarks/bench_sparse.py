@@ -12,7 +12,7 @@ sparse implementation in the same run:
   vs ``torch.optim.SGD``;
 - ``Adagrad`` (tf_keras), ``Ftrl`` (keras2), ``ProximalAdagrad``,
   ``ProximalGradientDescent`` (tf1), ``SGD(momentum=0.9, convention="tf1")``,
-  ``RowWiseAdagrad`` (exact and approximate): refopt alone.
+  ``RowWiseAdagrad`` (exact and approximate), ``PartialRowWiseAdam``: refopt alone.
 
 The torch gradient is ``torch.sparse_coo_tensor`` over the raw (repeated, unsorted) indices,
 uncoalesced, as ``nn.Embedding(sparse=True)`` produces it; torch coalesces it inside the step,
@@ -101,6 +101,8 @@ CASES = [
      None),
     ("RowWiseAdagrad approx", lambda: refopt.RowWiseAdagrad(learning_rate=0.01, exact=False,
                                                             backend="cpu"), None),
+    ("PartialRowWiseAdam", lambda: refopt.PartialRowWiseAdam(learning_rate=0.01,
+                                                             backend="cpu"), None),
 ]
 
 
