@@ -119,7 +119,7 @@ def _add_demo(subparsers):
             "which update the optimizer applies to the rows. Prints the corpus summary, the mean "
             "loss per epoch, the nearest neighbours of a few frequent words and the speed. "
             "The default corpus is the CPython documentation shipped with Python "
-            "(pydoc_data.topics). With the defaults it takes about 10 seconds on two CPU cores."
+            "(pydoc_data.topics). With the defaults it takes about 20 seconds on two idle CPU cores."
         ),
     )
     data = p.add_argument_group("corpus")
@@ -502,7 +502,7 @@ def _one_line(exc):
 _OPTIMIZER_NAMES = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad", "Adadelta", "Adamax",
                     "Nadam", "Adafactor", "Lion", "Lamb", "Ftrl", "RAdam", "ASGD", "Rprop",
                     "ProximalAdagrad", "ProximalGradientDescent")
-_OPTIMIZER_NAMES += ("RowWiseAdagrad",)
+_OPTIMIZER_NAMES += ("RowWiseAdagrad", "PartialRowWiseAdam")
 _DTYPE_NAMES = ("float16", "float32", "float64")
 
 

@@ -527,7 +527,8 @@ PRESETS["optax_jit_step"] = PRESETS["optax"].replace(
 PRESETS["fbgemm"] = PRESETS["torch"].replace(
     name="fbgemm",
     framework="FBGEMM table-batched embeddings (fbgemm_gpu EXACT_ROWWISE_ADAGRAD, CPU kernel; "
-    "as TorchRec's fused embeddings use them); torch.optim's knobs for everything else",
+    "PARTIAL_ROWWISE_ADAM, its CUDA source, unrecorded; as TorchRec's fused embeddings use "
+    "them); torch.optim's knobs for everything else",
     adadelta_form="none",
     adamax_form="none",
     nadam_form="none",

@@ -120,7 +120,7 @@ def apply_gradients(opt, grads_and_vars):
                     f"the optimizer was built with shape={built_shape}, dtype={built_dtype} "
                     "for it; a variable cannot change shape or dtype after build."
                 )
-        opt._check_grads_against_state(pairs)
+    opt._check_grads_against_state(pairs)  # built or not (torch's SparseAdam: dense refused)
     present = [(g, v) for g, v, _ in pairs if g is not None]
     if not present:
         raise ValueError(

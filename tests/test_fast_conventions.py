@@ -113,14 +113,16 @@ def test_lazy_rows_every_convention(conv, no_staged_path, monkeypatch):
         else:
             monkeypatch.setattr(_staged, "compute",
                                 lambda *a: (_ for _ in ()).throw(AssertionError("staged")))
-        # MKL's sqrt (torch's for-loop SparseAdam) runs on the host: the rows rule is checked
-        # with the correctly rounded root; Keras 3's raw duplicate slices (the "keras3"
-        # preset's keras3_sparse_square) are the staged step's: the rows rule without them
-        c = get_convention(conv, sqrt="ieee", keras3_sparse_square=False)
+        # MKL's sqrt (torch's for-loop SparseAdam) is called by the rows_root kernel; Keras
+        # 3's raw duplicate slices (the "keras3" preset's keras3_sparse_square) are the
+        # staged step's: the rows rule without them. torch's SparseAdam refuses dense
+        # gradients: sparse ones only there
+        c = get_convention(conv, keras3_sparse_square=False)
         opt = refopt.LazyAdam(learning_rate=0.01, convention=c, backend=backend)
         t, d = table.copy(), dense.copy()
         for g_sparse, g_dense in steps:
-            opt.apply_gradients([(g_sparse, t), (g_dense, d)])
+            opt.apply_gradients([(g_sparse, t)] + (
+                [] if c.lazy_update == "torch_sparse" else [(g_dense, d)]))
         results[backend] = (t, d, opt.get_slot(t, "m").copy(), opt.get_slot(t, "v").copy())
     for w, g in zip(results["reference"], results["cpu"]):
         np.testing.assert_array_equal(g, w)
@@ -172,6 +174,27 @@ def test_global_clipping_over_mixed_dtypes_keeps_dtypes_and_ignores_order(conv, 
     assert a1.dtype == np.float64 and b1.dtype == np.float32
     np.testing.assert_array_equal(a1, a2)
     np.testing.assert_array_equal(b1, b2)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_torch_lazy_adam_refuses_a_dense_gradient(backend):
+    # torch.optim.SparseAdam raises "SparseAdam does not support dense gradients" (user
+    # test: refopt applied the dense formula); nothing changes, on the first step or later
+    t = np.ones((4, 2), np.float32)
+    opt = refopt.LazyAdam(0.1, convention="torch", backend=backend)
+    with pytest.raises(TypeError, match=r"SparseAdam, which does not support dense.*position 0"):
+        opt.apply_gradients([(np.ones((4, 2), np.float32), t)])
+    assert opt.iterations == 0 and (t == 1).all()
+    opt.apply_gradients([(IndexedSlices(np.ones((1, 2), np.float32), [2], (4, 2)), t)])
+    before = (t.copy(), opt.get_slot(t, "m").copy(), opt.iterations)
+    with pytest.raises(TypeError, match="does not support dense gradients"):
+        opt.apply_gradients([(np.ones((4, 2), np.float32), t)])
+    np.testing.assert_array_equal(t, before[0])
+    np.testing.assert_array_equal(opt.get_slot(t, "m"), before[1])
+    assert opt.iterations == before[2] == 1
+    # tf_keras' LazyAdam takes it (the dense Adam update)
+    refopt.LazyAdam(0.1, backend=backend).apply_gradients([(np.ones(2, np.float32),
+                                                            np.ones(2, np.float32))])
 
 
 @pytest.mark.parametrize("kwargs", [{"amsgrad": True}, {"weight_decay": 0.1}])

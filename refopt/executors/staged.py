@@ -201,6 +201,10 @@ def compute(opt, present, lr_value, dedup=None):
                 extra["weight_decay"] = opt.weight_decay
         if rows is not None:
             extra["lazy_rows"] = True
+        if getattr(opt, "_decays_in_update", False) and id(var) in opt._exclude_ids:
+            # an optimizer whose update applies its own weight decay (FBGEMM's): told that
+            # exclude_from_weight_decay names this variable
+            extra["decay_excluded"] = True
         new_param, new_slots = opt._update_step(param, grad, slots, lr_value, step, **extra)
         if low is not None:
             new_param = _precision.round_to(new_param, var.dtype)

@@ -382,9 +382,11 @@ class LazyAdam(Adam):
     :func:`refopt.reference.lazy_adam_update` updates ``m``, ``v`` (``vhat``) and the weights
     of the present rows only; absent rows stay bit-for-bit unchanged. Bias correction uses the
     global ``iterations``, as TF1's ``LazyAdamOptimizer``. A dense gradient gets the dense Adam
-    update. Weight decay (if set) is lazy too: for a sparse gradient only the present rows
-    decay (tf-keras' base class would decay every row). The EMA of the weights, if used,
-    still averages every row. When a gradient covers every row exactly once the result is
+    update, except under the torch conventions (``torch.optim.SparseAdam``, whose rows take
+    SparseAdam's own formula), where it raises ``TypeError`` as torch raises. Weight decay (if
+    set) is lazy too: for a sparse gradient only the present rows decay (tf-keras' base class
+    would decay every row). The EMA of the weights, if used, still averages every row. Under
+    tf_keras and Keras 3, when a gradient covers every row exactly once the result is
     bit-identical to :class:`Adam` on the dense gradient.
 
     Lazy Adam is not Adam: rows seen rarely keep stale moments (tensorflow/tensorflow#23668).
@@ -393,6 +395,24 @@ class LazyAdam(Adam):
     """
 
     _lazy_sparse = True
+
+    def _grads_checked_against_state(self):
+        """True under torch's SparseAdam (no quick path: a dense gradient is refused)."""
+        return self.convention.lazy_update == "torch_sparse"
+
+    def _check_grads_against_state(self, pairs):
+        """Under the torch conventions (``torch.optim.SparseAdam``) a dense gradient raises
+        ``TypeError``, as torch raises (``"SparseAdam does not support dense gradients"``);
+        nothing has changed then."""
+        if self.convention.lazy_update != "torch_sparse":
+            return
+        for k, (grad, _, (shape, _dt)) in enumerate(pairs):
+            if grad is not None and not isinstance(grad, IndexedSlices):
+                raise TypeError(
+                    f"LazyAdam under convention={self.convention.name!r} is "
+                    "torch.optim.SparseAdam, which does not support dense gradients (torch "
+                    "raises; use Adam). Received a dense gradient of shape "
+                    f"{tuple(np.shape(grad))} for the variable at position {k}")
 
     def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=None,
                  amsgrad=False, name="LazyAdam", **kwargs):

@@ -975,7 +975,9 @@ class Optimizer:
 
     def _check_grads_against_state(self, pairs):
         """Raise for a gradient the state cannot take (``pairs``: the executor's checked
-        ``(gradient, variable, (shape, dtype))`` triples); nothing has changed then."""
+        ``(gradient, variable, (shape, dtype))`` triples); nothing has changed then. Called
+        on every step that does not take a backend's quick path, before the optimizer is
+        built too."""
 
     def _is_lazy(self):
         """Whether an IndexedSlices gradient updates only its rows (LazyAdam; TF1 momentum)."""

@@ -75,9 +75,10 @@ class PartialRowWiseAdam(Optimizer):
 
     The bias corrections' ``t`` is the step count of the convention (``"fbgemm"`` counts per
     variable, as PyTorch: every ``apply_gradients`` that gives the variable a gradient, an
-    empty IndexedSlices included). FBGEMM's ``iter`` counts every backward of the module;
-    with one refopt variable per table and a gradient (possibly empty) for every table at
-    every step, the two are the same.
+    empty IndexedSlices included). FBGEMM's ``iter`` counts every forward of the module (one
+    per training step); with one refopt variable per table and a gradient (possibly empty)
+    for every table at every step, the two are the same. FBGEMM can keep ``momentum1`` in
+    float16 or bfloat16 (``optimizer_state_dtypes``); refopt keeps ``m`` in float32 only.
 
     ``backend="cpu"`` runs the rows in one compiled serial loop, bit for bit the reference;
     ``backend="cuda"`` takes the host step (a ``HostStepWarning``: the reference's numbers,
@@ -150,9 +151,13 @@ class PartialRowWiseAdam(Optimizer):
         )
         self.weight_decay = weight_decay
 
-    # the row update applies the decay itself
+    # the row update applies the decay itself; a variable of exclude_from_weight_decay
+    # takes weight_decay 0 (as an FBGEMM table configured without it): the staged step
+    # passes decay_excluded=True
     def _weight_decay_acts(self):
         return False
+
+    _decays_in_update = True
 
     _lazy_sparse = True
 
@@ -171,17 +176,18 @@ class PartialRowWiseAdam(Optimizer):
                     f"Received: {what}[{i}] of dtype {np.dtype(var.dtype)}")
         return var_list
 
-    def _kw(self, learning_rate, step):
+    def _kw(self, learning_rate, step, decay_excluded=False):
+        wd = 0.0 if decay_excluded else (self.weight_decay or 0.0)
         return dict(learning_rate=learning_rate, beta_1=self.beta_1, beta_2=self.beta_2,
-                    epsilon=self.epsilon, weight_decay=self.weight_decay or 0.0, step=step)
+                    epsilon=self.epsilon, weight_decay=wd, step=step)
 
     def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
-                     lazy_rows=False):
+                     lazy_rows=False, decay_excluded=False):
         if self._uses_update_step():  # a subclass rewrote the update with update_step
             return Optimizer._update_step(self, param, grad, slots, learning_rate, step,
                                           weight_decay, lazy_rows)
         fns = self._kernels  # the reference's functions, or the CPU's compiled row loop
-        kw = self._kw(learning_rate, step)
+        kw = self._kw(learning_rate, step, decay_excluded)
         if lazy_rows:  # the present rows, gathered (duplicates summed)
             from refopt.reference._common import check_step
             from refopt.reference.partial_rowwise_adam import check_hyperparameters

@@ -172,9 +172,13 @@ class RowWiseAdagrad(Optimizer):
         )
         self.weight_decay = wd
 
-    # the row update applies the decay itself (FBGEMM's weight_decay_mode)
+    # the row update applies the decay itself (FBGEMM's weight_decay_mode); a variable of
+    # exclude_from_weight_decay takes none (weight_decay_mode "none", as an FBGEMM table
+    # configured without decay): the staged step passes decay_excluded=True
     def _weight_decay_acts(self):
         return False
+
+    _decays_in_update = True
 
     @property
     def _lazy_sparse(self):
@@ -193,19 +197,22 @@ class RowWiseAdagrad(Optimizer):
             return tuple(shape[:1])
         return tuple(shape)
 
-    def _kw(self, learning_rate):
+    def _kw(self, learning_rate, decay_excluded=False):
+        if decay_excluded:
+            return dict(learning_rate=learning_rate, epsilon=self.epsilon, weight_decay=0.0,
+                        weight_decay_mode="none")
         return dict(learning_rate=learning_rate, epsilon=self.epsilon,
                     weight_decay=self.weight_decay or 0.0,
                     weight_decay_mode=self.weight_decay_mode)
 
     def _update_step(self, param, grad, slots, learning_rate, step, weight_decay=None,
-                     lazy_rows=False):
+                     lazy_rows=False, decay_excluded=False):
         if self._uses_update_step():  # a subclass rewrote the update with update_step
             return Optimizer._update_step(self, param, grad, slots, learning_rate, step,
                                           weight_decay, lazy_rows)
         k = self._kernels  # the reference's functions, or the CPU's compiled row step
         acc = slots["accumulator"]
-        kw = self._kw(learning_rate)
+        kw = self._kw(learning_rate, decay_excluded)
         if lazy_rows and isinstance(grad, IndexedSlices):  # approximate, gathered rows
             p, a = k.rowwise_adagrad_sequential_update(param, grad, acc,
                                                        convention=self.convention, **kw)
@@ -247,6 +254,8 @@ def _cuda_covered(opt, state, positions):
         return False
     if opt.weight_decay_mode not in MODES:
         return False
+    if opt.weight_decay and any(id(opt._vars[i]) in opt._exclude_ids for i in positions):
+        return False  # exclude_from_weight_decay: the host step (decay_excluded)
     for i in positions:
         d = state.views[i]
         if np.dtype(d.dtype) not in DEVICE_DTYPES or len(d.shape) == 0:

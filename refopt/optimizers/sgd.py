@@ -173,6 +173,8 @@ class SGD(Optimizer):
         """A dense gradient for a variable whose momentum buffer is torch's sparse one raises
         ``TypeError``, as torch does (``buf.mul_(momentum).add_(dense)`` on a sparse buffer:
         torch raises after scaling the buffer; refopt changes nothing)."""
+        if not self._sparse_momentum:  # no sparse buffer (also: not built yet)
+            return
         for k, (grad, var, _) in enumerate(pairs):
             if grad is None or isinstance(grad, IndexedSlices):
                 continue

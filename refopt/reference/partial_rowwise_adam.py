@@ -292,7 +292,7 @@ def partial_rowwise_adam_update(param, grad, m, v, *, learning_rate=0.01, beta_1
         from the moments; FBGEMM has no ``weight_decay_mode`` for this optimizer).
     step : int
         FBGEMM's ``iter``, >= 1: the bias corrections' ``t`` (FBGEMM counts it once per
-        backward of the module, for every row).
+        forward of the module, for every row).
     convention : str or Convention, default "fbgemm"
         Its ``rowwise_adagrad_form`` must be ``"fbgemm"`` (FBGEMM's row-wise optimizers).
 

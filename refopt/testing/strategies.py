@@ -404,6 +404,10 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
         out["weight_decay_mode"] = draw(st.sampled_from(["none", "l2", "decoupled"]))
         if weight_decay and out["weight_decay_mode"] != "none":
             out["weight_decay"] = draw(st.floats(0.0, 1.0))
+    elif issubclass(cls, _optimizers.PartialRowWiseAdam):  # FBGEMM's: float32 tables only
+        out["beta_1"] = draw(st.floats(0.0, 0.9999))
+        out["beta_2"] = draw(st.floats(0.0, 0.9999))
+        out["epsilon"] = draw(st.floats(1e-10, 1e-3))
     elif issubclass(cls, _optimizers.Adamax):
         beta = st.floats(0.0, 0.999 if dtype.name == "float16" else 0.9999)
         out["beta_1"] = draw(beta)

@@ -30,7 +30,7 @@ __all__ = ["OPTIMIZERS", "State", "Trajectory", "default_convention", "optimizer
 OPTIMIZERS = ("Adam", "AdamW", "LazyAdam", "SGD", "RMSprop", "Adagrad", "Adadelta", "Adamax",
               "Nadam", "Adafactor", "Lion", "Lamb", "Ftrl", "RAdam", "ASGD", "Rprop",
               "ProximalAdagrad", "ProximalGradientDescent")
-OPTIMIZERS += ("RowWiseAdagrad",)
+OPTIMIZERS += ("RowWiseAdagrad", "PartialRowWiseAdam")
 _FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
