@@ -580,9 +580,13 @@ def trajectories(*, optimizer="Adam", dtype="float32", min_steps=1, max_steps=3,
     Raises
     ------
     ValueError
-        If ``optimizer`` or ``dtype`` is unknown, or ``min_steps > max_steps``.
+        If ``optimizer`` or ``dtype`` is unknown, or ``min_steps > max_steps``;
+        ``PartialRowWiseAdam`` with a dtype other than float32 (FBGEMM's tables).
     """
     dtype = _dtype(dtype)
+    if optimizer == "PartialRowWiseAdam" and dtype.name != "float32":
+        raise ValueError("PartialRowWiseAdam takes float32 variables only (FBGEMM's tables). "
+                         f"Received: dtype={dtype.name!r}")
     if convention is None:
         convention = default_convention(optimizer)
     if not 0 <= min_steps <= max_steps:
