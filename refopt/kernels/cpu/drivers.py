@@ -214,15 +214,22 @@ def table(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl):
 _ROOT_BLOCK = '''from {module} import {finish} as _finish
 from refopt.kernels.cpu._kernels import _vector_root
 
+#: unique rows per call of the vector root in rows_root
+ROOT_ROWS = 64
+
 
 @jit
-def _row_root(Pr, g_row, {row_args}dmode, psc, sc, fl, vaddr, vmode):
+def _row_slots(Pr, g_row, {row_args}dmode, psc, sc, fl, args):
+    # the element for the new slots of one row; the root slot's new row copied to args
     for i in range(Pr.shape[0]):
         p, g = _decay(Pr[i], g_row[i], dmode, psc)
         p, {slot_vals} = _element(p, g, {row_slot_loads}sc, {fl_expr}, False)
 {row_slot_stores}
-    roots = np.empty(Pr.shape[0], Pr.dtype)
-    _vector_root(vaddr, R{root_slot}, roots, vmode)
+        args[i] = s{root_slot}
+
+
+@jit
+def _row_finish(Pr, g_row, {row_args}dmode, psc, sc, fl, roots):
     for i in range(Pr.shape[0]):
         p, g = _decay(Pr[i], g_row[i], dmode, psc)
         Pr[i] = _finish(p, g, {row_slot_loads}roots[i], sc, {fl_expr}, False)
@@ -300,17 +307,32 @@ def dense_root(paddr, gaddr, seg, cden, cscale, {slots_args}A, dmode, emode, ow,
 
 @pjit
 def rows_root(P, {slots_args}order, srows, vals, cmode, d, s, dmode, psc, sc, fl, vaddr, vmode):
+    # blocks of ROOT_ROWS unique rows: the slots of each row, one root call for the block's
+    # root arguments (gathered in order), then each row's finish
     urows, sums = _segment_sums(order, srows, vals, cmode, psc[2], d, s)
     psc, sc, fl = _tuple8(psc), _tuple16(sc), _tuple8(fl)
     u = urows.shape[0]
-    for k in prange(u):
-        ahead = k + PREFETCH_ROWS
-        if ahead < u:
-            _prefetch_row(P, urows[ahead])
-{row_prefetch}
-        r = urows[k]
-{row_slot_views}
-        _row_root(P[r], sums[k], {row_vars}dmode, psc, sc, fl, vaddr, vmode)
+    w = P.shape[1]
+    for b in prange((u + ROOT_ROWS - 1) // ROOT_ROWS):
+        k0 = b * ROOT_ROWS
+        k1 = min(k0 + ROOT_ROWS, u)
+        args = np.empty((k1 - k0) * w, P.dtype)
+        roots = np.empty((k1 - k0) * w, P.dtype)
+        for k in range(k0, k1):
+            ahead = k + PREFETCH_ROWS
+            if ahead < u:
+                _prefetch_row(P, urows[ahead])
+{row_prefetch_k}
+            r = urows[k]
+{row_slot_views_k}
+            _row_slots(P[r], sums[k], {row_vars}dmode, psc, sc, fl,
+                       args[(k - k0) * w:(k - k0 + 1) * w])
+        _vector_root(vaddr, args, roots, vmode)
+        for k in range(k0, k1):
+            r = urows[k]
+{row_slot_views_k}
+            _row_finish(P[r], sums[k], {row_vars}dmode, psc, sc, fl,
+                        roots[(k - k0) * w:(k - k0 + 1) * w])
 
 '''
 
@@ -403,6 +425,9 @@ def _source(rule, fl, dmode=0, tail=False, low=False):
             slot_stores_i="\n".join(f"        {n}[i] = s{i}" for i, n in enumerate(names)),
             slices_head="".join(f"{n}[o + lo:o + mid], " for n in names),
             slices_tail="".join(f"{n}[o + mid:o + hi], " for n in names),
+            row_slot_views_k="\n".join(f"            R{i} = {n}[r]" for i, n in enumerate(names)),
+            row_prefetch_k="\n".join(f"                _prefetch_row({n}, urows[ahead])"
+                                     for n in names),
             **fields)
     return _TEMPLATE.format(
         root_block=root_block,
