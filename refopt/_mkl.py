@@ -29,6 +29,7 @@ __all__ = ["mkl_address", "mkl_available", "mkl_sqrt"]
 # VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE: the mode torch passes (aten/src/ATen/cpu/vml.h)
 _MODE = 0x2 | 0x140000 | 0x100
 _FUNCS = None
+_ADDRESSES = {}  # dtype -> (address, mode) or None, for mkl_address
 
 
 def _candidates():
@@ -70,11 +71,13 @@ def mkl_address(dtype):
     (float64) and the mode torch passes, for compiled code that calls it
     (:func:`refopt.kernels.cpu._kernels._vector_root`); None when MKL was not found or for
     another dtype."""
-    funcs = _load()
-    f = funcs.get(np.dtype(dtype)) if funcs else None
-    if f is None:
-        return None
-    return ctypes.cast(f, ctypes.c_void_p).value, _MODE
+    dtype = np.dtype(dtype)
+    if dtype not in _ADDRESSES:
+        funcs = _load()
+        f = funcs.get(dtype) if funcs else None
+        _ADDRESSES[dtype] = None if f is None else (ctypes.cast(f, ctypes.c_void_p).value,
+                                                    _MODE)
+    return _ADDRESSES[dtype]
 
 
 def mkl_sqrt(x):
