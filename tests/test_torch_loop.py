@@ -155,11 +155,14 @@ DENSE_TORCH = {
                                      convention="torch", backend=be),
     "Adagrad": lambda be: refopt.Adagrad(0.1, lr_decay=0.01, clipvalue=0.5,
                                          convention="torch", backend=be),
+    "RMSprop": lambda be: refopt.RMSprop(0.01, weight_decay=0.05, clipnorm=1.0,
+                                         convention="torch", backend=be),
 }
 
 
 @needs_mkl
-@pytest.mark.parametrize("name, dtype", [("Adam", F64), ("AdamW", F32), ("Adagrad", F32)])
+@pytest.mark.parametrize("name, dtype", [("Adam", F64), ("AdamW", F32), ("Adagrad", F32),
+                                         ("RMSprop", F32)])
 def test_dense_steps_take_mkls_root_in_the_fast_kernel(monkeypatch, name, dtype):
     # the dense_root kernel: two tensors, one over a work item (CHUNK = 65536 elements), with
     # clipping, weight decay or an EMA around the split root

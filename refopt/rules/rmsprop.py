@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba.extending import register_jitable
 
-from refopt.rules import Rule, RuleCall, flags, scalars
+from refopt.rules import Root, Rule, RuleCall, flags, scalars
 from refopt.rules.adam import OPTAX_JIT, optax_apply
 from refopt.rules.ops import add, div, fma, mul, rsqrt, sqrt, sub
 
@@ -22,6 +22,19 @@ F_FORM, F_CENTERED, F_MOMENTUM, F_EPS_IN_SQRT, F_LERP_LOW, F_OPTAX_JIT = range(6
 S_LR, S_RHO, S_C, S_EPS, S_MU, S_NEG_LR, S_C1M, S_ZERO, S_ONE = range(9)
 
 _FORMS = {"tf_keras": 0, "keras3": 1, "kernel": 2, "keras2": 3, "torch": 4, "optax": 5}
+
+
+@register_jitable
+def rms_torch_step(p, g, root, sc):
+    """PyTorch's step without momentum from ``root`` (``sqrt`` of the new ``v``, or of
+    ``v - a*a`` centered): ``p + (-lr*g) / (root + eps)``."""
+    return add(p, div(mul(sc[S_NEG_LR], g), add(root, sc[S_EPS])))
+
+
+@register_jitable
+def rms_v_finish(p, g, v, root, sc, fl, tail):
+    """The plain rule's PyTorch step (form 4) from ``root = sqrt(v)`` (:class:`Root`)."""
+    return rms_torch_step(p, g, root, sc)
 
 
 @register_jitable
@@ -76,11 +89,10 @@ def rms_core(p, g, v, b, a, sc, fl):
             root = sqrt(fma(-a, a, v))
         else:
             root = sqrt(v)
-        den = add(root, eps)
         if has_mom:
-            b = add(mul(b, sc[S_MU]), div(g, den))
+            b = add(mul(b, sc[S_MU]), div(g, add(root, eps)))
             return fma(sc[S_NEG_LR], b, p), v, b, a
-        return add(p, div(mul(sc[S_NEG_LR], g), den)), v, b, a
+        return rms_torch_step(p, g, root, sc), v, b, a
     jit = fl[F_OPTAX_JIT]  # optax: 0 jit(update), 1 eager (no FMA), 2 whole step jitted
     if jit == 1:
         v = add(mul(c, mul(g, g)), mul(sc[S_RHO], v))
@@ -134,7 +146,9 @@ def rms_vba(p, g, v, b, a, sc, fl, tail):
 
 
 RULES = {
-    (False, False): Rule("rmsprop", rms_v, ("velocity",)),
+    # PyTorch's plain for-loop RMSprop takes the root of the new v: MKL's (Root)
+    (False, False): Rule("rmsprop", rms_v, ("velocity",),
+                         root=Root(0, rms_v_finish, (_FORMS["torch"],))),
     (True, False): Rule("rmsprop_momentum", rms_vb, ("velocity", "momentum")),
     (False, True): Rule("rmsprop_centered", rms_va, ("velocity", "average_gradient")),
     (True, True): Rule("rmsprop_centered_momentum", rms_vba,
