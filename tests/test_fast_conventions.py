@@ -48,7 +48,7 @@ def _params():
         seen.add(cls)
         for conv in convs or PRESETS:
             if cls in (refopt.Adam, refopt.AdamW) and takes_mkl_sqrt(PRESETS[conv], True):
-                continue  # MKL's sqrt: the staged step on purpose (tests/test_torch_loop.py)
+                continue  # MKL's sqrt: the dense_root kernel, tests/test_torch_loop.py
             for dtype in dtypes:
                 yield pytest.param(cls, kwargs, conv, dtype,
                                    id=f"{conv}-{cls.__name__}-{sorted(kwargs)}-{np.dtype(dtype)}")
@@ -84,7 +84,7 @@ def no_staged_path(monkeypatch):
 @pytest.mark.parametrize("cls, kwargs, conv, dtype", list(_params()))
 def test_cpu_equals_reference_bit_for_bit(cls, kwargs, conv, dtype, request):
     if takes_mkl_sqrt(PRESETS[conv]):  # torch's for-loop forms, checked with IEEE's root
-        conv = get_convention(conv, sqrt="ieee")  # (MKL's is the staged step on purpose)
+        conv = get_convention(conv, sqrt="ieee")  # (MKL's: tests/test_torch_loop.py)
     want_vars, want_state = _run(cls, kwargs, conv, "reference", dtype)
     request.getfixturevalue("no_staged_path")
     got_vars, got_state = _run(cls, kwargs, conv, "cpu", dtype)

@@ -9,6 +9,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import refopt
 from refopt import _mkl
@@ -296,3 +298,25 @@ def test_adapter_refuses_fused_that_contradicts_the_convention():
     with pytest.raises(TypeError, match="fused"):
         rt.Adam(p, lr=0.1, fused="yes")
     assert rt.Adam(p, lr=0.1, fused=True, convention="torch_fused") is not None
+
+
+@needs_mkl
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data(), optimizer=st.sampled_from(["Adam", "AdamW", "Adagrad", "RMSprop",
+                                                  "LazyAdam"]))
+def test_mkl_root_kernels_are_the_reference_property(data, optimizer):
+    # drawn trajectories under "torch" (MKL's root; the Root kernels where the rule declares
+    # it, the staged step otherwise): cpu equals the reference on params and every slot
+    from refopt.testing import strategies as rst
+    from refopt.testing.trajectory import run_reference
+
+    t = data.draw(rst.trajectories(optimizer=optimizer, convention="torch", max_steps=3,
+                                   sparse=optimizer in ("Adagrad", "LazyAdam"), ema=False))
+    want, got = run_reference(t), run_reference(t, backend="cpu")
+    for w, g in zip(want, got):
+        for a, b in zip(w.params, g.params):
+            np.testing.assert_array_equal(b, a)
+        assert set(w.slots) == set(g.slots)
+        for name in w.slots:
+            for a, b in zip(w.slots[name], g.slots[name]):
+                np.testing.assert_array_equal(b, a, err_msg=name)

@@ -385,7 +385,10 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
         out["beta_1"] = draw(beta)
         out["beta_2"] = draw(beta)
         out["epsilon"] = draw(st.floats(1e-7 if dtype.name == "float16" else 1e-8, 1e-3))
-        out["amsgrad"] = draw(st.booleans())
+        # torch's SparseAdam (LazyAdam under the torch conventions) has no amsgrad
+        sparse_adam = (issubclass(cls, _optimizers.LazyAdam)
+                       and conv.lazy_update == "torch_sparse")
+        out["amsgrad"] = False if sparse_adam else draw(st.booleans())
     elif issubclass(cls, _optimizers.RMSprop):
         out["rho"] = draw(st.floats(0.0, 0.999))
         out["momentum"] = draw(st.sampled_from([0.0, 0.5, 0.9]))
@@ -474,7 +477,8 @@ def _hyperparameters(draw, cls, optimizer, dtype, weight_decay, clipping, ema, s
     if optimizer == "AdamW":
         out["weight_decay"] = draw(st.floats(0.0, 1.0))
     elif weight_decay and _has_weight_decay(cls, conv) and not issubclass(
-            cls, _optimizers.RowWiseAdagrad):
+            cls, _optimizers.RowWiseAdagrad) and not (
+            issubclass(cls, _optimizers.LazyAdam) and conv.lazy_update == "torch_sparse"):
         wd = draw(st.none() | st.floats(0.0, 1.0))
         if wd is not None:
             out["weight_decay"] = wd
@@ -561,7 +565,9 @@ def trajectories(*, optimizer="Adam", dtype="float32", min_steps=1, max_steps=3,
     sparse : bool, optional
         Whether variables of at least one dimension may get :class:`~refopt.IndexedSlices`
         gradients (each such variable is drawn sparse or dense once, for all steps).
-        Default: True for LazyAdam, False otherwise.
+        Default: True for LazyAdam, False otherwise. LazyAdam under the torch conventions
+        (``torch.optim.SparseAdam``, which refuses dense gradients) gets sparse gradients
+        only, on variables of at least one dimension.
     config : dict, optional
         Hyperparameters to fix (``hyperparameters(fixed=config)``).
     weight_decay, clipping, ema, schedules
@@ -600,6 +606,9 @@ def trajectories(*, optimizer="Adam", dtype="float32", min_steps=1, max_steps=3,
     gradient_kw = dict(max_magnitude=max_magnitude, allow_nonfinite=allow_nonfinite,
                        extreme=extreme)
     float_arrays(shape=(0,), dtype=dtype, **gradient_kw)  # validate now
+    if optimizer == "LazyAdam" and (sparse is None or sparse) and _conventions.get_convention(
+            convention).lazy_update == "torch_sparse":
+        sparse = "only"  # SparseAdam: every gradient sparse
     return _trajectories(optimizer, dtype, min_steps, max_steps, min_variables, max_variables,
                          max_side, optimizer == "LazyAdam" if sparse is None else sparse, hp,
                          gradient_kw, convention)
@@ -609,10 +618,11 @@ def trajectories(*, optimizer="Adam", dtype="float32", min_steps=1, max_steps=3,
 def _trajectories(draw, optimizer, dtype, min_steps, max_steps, min_variables, max_variables,
                   max_side, sparse, hp, gradient_kw, convention):
     hp = draw(hp)
-    var_shapes = draw(st.lists(shapes(max_side=max_side), min_size=min_variables,
-                               max_size=max_variables))
+    only = sparse == "only"
+    var_shapes = draw(st.lists(shapes(min_dims=1 if only else 0, max_side=max_side),
+                               min_size=min_variables, max_size=max_variables))
     initial = [draw(float_arrays(shape=s, dtype=dtype)) for s in var_shapes]
-    kinds = [sparse and bool(s) and draw(st.booleans()) for s in var_shapes]
+    kinds = [only or (sparse and bool(s) and draw(st.booleans())) for s in var_shapes]
     n_steps = draw(st.integers(min_steps, max_steps))
     grads = [
         [draw(_gradient(s, dtype, k, **gradient_kw)) for s, k in zip(var_shapes, kinds)]

@@ -27,6 +27,12 @@ For a rule with ``k`` slots the driver module holds three kernels:
     with ``g = None`` where it is not (a whole-table rule, e.g.
     :data:`refopt.rules.adam.ADAM_TABLE`, says what its elements do without a gradient).
 
+``dense_root(..., vaddr, vmode)``, ``rows_root(..., vaddr, vmode)``
+    Only for a rule with a :class:`refopt.rules.Root`: ``dense`` and ``rows`` with the
+    rule's square root taken from a vector library (MKL's ``vmsSqrt``/``vmdSqrt`` at address
+    ``vaddr``, mode ``vmode``): per work item (per 64 unique rows), the element for the new
+    slots, one library call on the root slot's new values, then the rule's ``finish``.
+
 A rule may have no slot (the pipeline's steps as rules, :mod:`refopt.rules.steps`).
 
 From a reduction (:class:`refopt.rules.reduce.Reduction`, the second kind of rule) and an
